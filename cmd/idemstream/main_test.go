@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+const exampleConfig = "../../deploy/examples/idemstream.yaml"
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func runCLI(t *testing.T, stdin string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, strings.NewReader(stdin), &out, &errOut, func(string) string { return "" })
+	return result{code, out.String(), errOut.String()}
+}
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+var fingerprintRE = regexp.MustCompile(`fingerprint: (sha256:[0-9a-f]{64})`)
+
+func hash(t *testing.T, payload string) string {
+	t.Helper()
+	r := runCLI(t, payload, "hash", "--config", exampleConfig, "--pipeline", "coupon-claim", "-")
+	if r.code != 0 {
+		t.Fatalf("hash exited %d: %s", r.code, r.stderr)
+	}
+	m := fingerprintRE.FindStringSubmatch(r.stdout)
+	if m == nil {
+		t.Fatalf("no fingerprint in %q", r.stdout)
+	}
+	return m[1]
+}
+
+// The acceptance checks of the foundation, through the real command line.
+func TestHashIgnoresWhatDoesNotMakeARequestDifferent(t *testing.T) {
+	base := hash(t, `{"user_id":"u-1","coupon_id":12345,"amount":50,"note":"u","items":[{"sku":"A","qty":1},{"sku":"B","qty":2}]}`)
+	same := map[string]string{
+		"member order":   `{"items":[{"qty":1,"sku":"A"},{"sku":"B","qty":2}],"note":"u","amount":50,"coupon_id":12345,"user_id":"u-1"}`,
+		"whitespace":     "{\n  \"user_id\" : \"u-1\",\t\"coupon_id\": 12345, \"amount\": 50, \"note\": \"u\",\r\n \"items\": [ {\"sku\": \"A\", \"qty\": 1}, {\"sku\": \"B\", \"qty\": 2} ] }",
+		"50.0":           `{"user_id":"u-1","coupon_id":12345,"amount":50.0,"note":"u","items":[{"sku":"A","qty":1},{"sku":"B","qty":2}]}`,
+		"5e1":            `{"user_id":"u-1","coupon_id":12345,"amount":5e1,"note":"u","items":[{"sku":"A","qty":1},{"sku":"B","qty":2}]}`,
+		"escape":         `{"user_id":"u-1","coupon_id":12345,"amount":50,"note":"\u0075","items":[{"sku":"A","qty":1},{"sku":"B","qty":2}]}`,
+		"volatile":       `{"user_id":"u-1","coupon_id":12345,"amount":50,"note":"u","items":[{"sku":"A","qty":1,"client_ts":9},{"sku":"B","qty":2,"client_ts":8}],"client_time":"10:00:03","retry_count":2,"trace_id":"t"}`,
+		"unordered list": `{"user_id":"u-1","coupon_id":12345,"amount":50,"note":"u","items":[{"sku":"B","qty":2},{"sku":"A","qty":1}]}`,
+	}
+	for name, payload := range same {
+		if got := hash(t, payload); got != base {
+			t.Errorf("%s changed the fingerprint: %s, want %s", name, got, base)
+		}
+	}
+	if got := hash(t, `{"user_id":"u-1","coupon_id":12345,"amount":51,"note":"u","items":[{"sku":"A","qty":1},{"sku":"B","qty":2}]}`); got == base {
+		t.Error("another amount kept the fingerprint")
+	}
+}
+
+func TestHashOrderedArrayOrderMatters(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "c.yaml", "pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, unordered: [/tags]}\n")
+	fp := func(payload string) string {
+		r := runCLI(t, payload, "hash", "--config", cfg, "-")
+		if r.code != 0 {
+			t.Fatalf("hash: %d %s", r.code, r.stderr)
+		}
+		return fingerprintRE.FindStringSubmatch(r.stdout)[1]
+	}
+	if fp(`{"tags":["x","y"],"steps":["a","b"]}`) != fp(`{"tags":["y","x"],"steps":["a","b"]}`) {
+		t.Error("reordering an unordered array changed the fingerprint")
+	}
+	if fp(`{"tags":["x","y"],"steps":["a","b"]}`) == fp(`{"tags":["x","y"],"steps":["b","a"]}`) {
+		t.Error("reordering an ordered array kept the fingerprint")
+	}
+}
+
+func TestHashExampleFiles(t *testing.T) {
+	first := runCLI(t, "", "hash", "--config", exampleConfig, "--pipeline", "coupon-claim", "../../deploy/examples/claim-first.json")
+	retry := runCLI(t, "", "hash", "../../deploy/examples/claim-retry.json", "--config", exampleConfig)
+	if first.code != 0 || retry.code != 0 {
+		t.Fatalf("hash exited %d/%d: %s %s", first.code, retry.code, first.stderr, retry.stderr)
+	}
+	if first.stdout != retry.stdout {
+		t.Errorf("the example retry hashes differently:\n%s\n%s", first.stdout, retry.stdout)
+	}
+	if !strings.Contains(first.stdout, `canonical:   {"amount":50,"coupon_id":12345,"items":[{"qty":1,"sku":"A-1"},{"qty":2,"sku":"B-2"}],"note":"urgent","user_id":"u-1024"}`) {
+		t.Errorf("canonical form not shown as expected:\n%s", first.stdout)
+	}
+}
+
+func TestHashMalformedPayload(t *testing.T) {
+	r := runCLI(t, `{"amount": 50, "amount": 100}`, "hash", "--config", exampleConfig, "-")
+	if r.code != 1 || !strings.Contains(r.stderr, "malformed payload") || !strings.Contains(r.stderr, "amount") {
+		t.Errorf("exit %d, stderr %q; want 1 and a malformed payload error naming the member", r.code, r.stderr)
+	}
+}
+
+func TestDiffNamesAmount(t *testing.T) {
+	r := runCLI(t, "", "diff", "--config", exampleConfig, "--pipeline", "coupon-claim",
+		"../../deploy/examples/claim-first.json", "../../deploy/examples/claim-changed-amount.json")
+	if r.code != 0 {
+		t.Fatalf("diff exited %d: %s", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if last := lines[len(lines)-1]; last != "/amount" || !strings.Contains(r.stdout, "differs at 1 path") {
+		t.Errorf("diff output:\n%s\nwant /amount as the only path", r.stdout)
+	}
+	same := runCLI(t, "", "diff", "--config", exampleConfig,
+		"../../deploy/examples/claim-first.json", "../../deploy/examples/claim-retry.json")
+	if same.code != 0 || !strings.Contains(same.stdout, "same request") {
+		t.Errorf("diff of a retry: %d %q", same.code, same.stdout)
+	}
+}
+
+func TestBadConfigExitsTwoNamingTheField(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "bad.yaml", "pipelines:\n  - {name: p, input: t, output: t, dlq: d}\n")
+	for _, args := range [][]string{
+		{"hash", "--config", cfg, "-"},
+		{"contract", "--config", cfg},
+		{"run", "--config", cfg},
+	} {
+		r := runCLI(t, "{}", args...)
+		if r.code != 2 {
+			t.Errorf("%v exited %d, want 2", args, r.code)
+		}
+		if strings.Count(r.stderr, "\n") != 1 || !strings.Contains(r.stderr, "pipelines[0].output") {
+			t.Errorf("%v stderr %q: want one line naming pipelines[0].output", args, r.stderr)
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	cases := [][]string{
+		{},
+		{"frobnicate"},
+		{"hash", "--no-such-flag"},
+		{"hash", "-"},
+		{"diff", "--config", exampleConfig, "only-one.json"},
+		{"contract", "--config", exampleConfig, "--format", "pdf"},
+		{"hash", "--config", exampleConfig, "--pipeline", "nope", "-"},
+	}
+	for _, args := range cases {
+		r := runCLI(t, "{}", args...)
+		if r.code != 2 {
+			t.Errorf("%v exited %d (stderr %q), want 2", args, r.code, r.stderr)
+		}
+	}
+}
+
+func TestContractCommand(t *testing.T) {
+	md := runCLI(t, "", "contract", "--config", exampleConfig)
+	if md.code != 0 || !strings.Contains(md.stdout, "**Window**: 10m") || !strings.Contains(md.stdout, "`/client_time`") {
+		t.Errorf("contract markdown: %d %s %s", md.code, md.stdout, md.stderr)
+	}
+	api := runCLI(t, "", "contract", "--config", exampleConfig, "--format", "asyncapi")
+	if api.code != 0 || !strings.HasPrefix(api.stdout, "asyncapi: 3.0.0\n") {
+		t.Errorf("contract asyncapi: %d %q", api.code, api.stderr)
+	}
+}
+
+func TestCommandsNotBuiltSayIt(t *testing.T) {
+	for _, args := range [][]string{{"run", "--config", exampleConfig}, {"demo"}} {
+		r := runCLI(t, "", args...)
+		if r.code != 1 || !strings.Contains(r.stderr, "not available") {
+			t.Errorf("%v: exit %d stderr %q; want 1 and a plain statement", args, r.code, r.stderr)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	r := runCLI(t, "", "version")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "idemstream ") || !strings.Contains(r.stdout, "go1.") {
+		t.Errorf("version: %d %q", r.code, r.stdout)
+	}
+}
+
+func TestEnvironmentConfig(t *testing.T) {
+	var out, errOut bytes.Buffer
+	env := map[string]string{"IDEMSTREAM_CONFIG": exampleConfig, "IDEMSTREAM_KAFKA_GROUP": "ops"}
+	code := run(context.Background(), []string{"contract"}, strings.NewReader(""), &out, &errOut, func(k string) string { return env[k] })
+	if code != 0 || !strings.Contains(out.String(), "`ops.coupon-claim`") {
+		t.Errorf("IDEMSTREAM_* variables ignored: %d %s", code, errOut.String())
+	}
+}

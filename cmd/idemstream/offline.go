@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/schemas"
+)
+
+// pipelineCanonicalizer loads the config and builds the canonicalizer of
+// one pipeline: the same code path the consumer uses.
+func pipelineCanonicalizer(e *env, cf *configFlags, name string) (*dedupe.Canonicalizer, error) {
+	cfg, err := cf.load(e)
+	if err != nil {
+		return nil, err
+	}
+	if name == "" {
+		if len(cfg.Pipelines) != 1 {
+			return nil, usagef("--pipeline NAME is required: the config has %d pipelines", len(cfg.Pipelines))
+		}
+		name = cfg.Pipelines[0].Name
+	}
+	p, err := cfg.Pipeline(name)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	pol, err := cfg.Policy(p)
+	if err != nil {
+		return nil, err
+	}
+	return dedupe.NewCanonicalizer(pol.Rules)
+}
+
+func readInput(e *env, name string) ([]byte, error) {
+	if name == "-" {
+		return io.ReadAll(e.stdin)
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	return b, nil
+}
+
+func cmdHash(_ context.Context, e *env, args []string) error {
+	fs := newFlags(e, "hash", "--config FILE --pipeline NAME [FILE|-]")
+	cf := addConfigFlags(fs, false)
+	pipeline := fs.String("pipeline", "", "pipeline whose rules apply (optional when the config has one)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 1 {
+		return usagef("hash takes one payload file (or - for stdin), got %d", fs.NArg())
+	}
+	input := "-"
+	if fs.NArg() == 1 {
+		input = fs.Arg(0)
+	}
+	canon, err := pipelineCanonicalizer(e, cf, *pipeline)
+	if err != nil {
+		return err
+	}
+	payload, err := readInput(e, input)
+	if err != nil {
+		return err
+	}
+	canonical, err := canon.AppendCanonical(nil, payload)
+	if err != nil {
+		return err
+	}
+	fp, err := canon.Fingerprint(payload)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "fingerprint: %s\nrules:       %s\ncanonical:   %s\n", fp, canon.RulesDigest(), canonical)
+	return nil
+}
+
+func cmdDiff(_ context.Context, e *env, args []string) error {
+	fs := newFlags(e, "diff", "--config FILE --pipeline NAME A B")
+	cf := addConfigFlags(fs, false)
+	pipeline := fs.String("pipeline", "", "pipeline whose rules apply (optional when the config has one)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 2 {
+		return usagef("diff takes two payload files A and B, got %d", fs.NArg())
+	}
+	canon, err := pipelineCanonicalizer(e, cf, *pipeline)
+	if err != nil {
+		return err
+	}
+	var bodies [2][]byte
+	var fps [2]string
+	for i := range bodies {
+		if bodies[i], err = readInput(e, fs.Arg(i)); err != nil {
+			return err
+		}
+		if fps[i], err = canon.Fingerprint(bodies[i]); err != nil {
+			return fmt.Errorf("%s: %w", fs.Arg(i), err)
+		}
+	}
+	paths, err := canon.Diff(bodies[0], bodies[1])
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "A: %s  %s\nB: %s  %s\n", fps[0], fs.Arg(0), fps[1], fs.Arg(1))
+	if len(paths) == 0 {
+		fmt.Fprintln(e.stdout, "same request: no difference once volatile fields are removed and unordered arrays sorted")
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "differs at %d path(s):\n%s\n", len(paths), strings.Join(paths, "\n"))
+	return nil
+}
+
+func cmdContract(_ context.Context, e *env, args []string) error {
+	fs := newFlags(e, "contract", "--config FILE [--format markdown|asyncapi]")
+	cf := addConfigFlags(fs, false)
+	format := fs.String("format", "markdown", "markdown or asyncapi")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("contract takes no arguments, got %q", fs.Args())
+	}
+	cfg, err := cf.load(e)
+	if err != nil {
+		return err
+	}
+	var out []byte
+	switch *format {
+	case "markdown", "md":
+		out, err = schemas.ContractMarkdown(cfg)
+	case "asyncapi":
+		out, err = schemas.ContractAsyncAPI(cfg)
+	default:
+		return usagef("--format %q: want markdown or asyncapi", *format)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = e.stdout.Write(out)
+	return err
+}

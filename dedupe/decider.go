@@ -1,0 +1,285 @@
+package dedupe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// OutcomeKind is one of the five outcomes of SPEC: every input record ends
+// in exactly one.
+type OutcomeKind string
+
+const (
+	OutcomeFirst    OutcomeKind = "first"
+	OutcomeReplay   OutcomeKind = "replay"
+	OutcomeConflict OutcomeKind = "conflict"
+	OutcomeInvalid  OutcomeKind = "invalid"
+	// OutcomeFailed is reached after a first, when the handler returns a
+	// permanent error. The decider never returns it.
+	OutcomeFailed OutcomeKind = "failed"
+)
+
+// Outcomes lists the outcomes in the order metrics and reports show them.
+var Outcomes = []OutcomeKind{OutcomeFirst, OutcomeReplay, OutcomeConflict, OutcomeInvalid, OutcomeFailed}
+
+// Outcome is the decision about one record.
+type Outcome struct {
+	Kind OutcomeKind
+	// Key is the normalized idempotency key ("" when it could not be read).
+	Key string
+	// Fingerprint is "" when the payload could not be canonicalized.
+	Fingerprint string
+	// Reason and Err explain an invalid or conflicting record.
+	Reason Reason
+	Err    error
+	// Decision is the store's answer (zero for invalid records).
+	Decision Decision
+	// LenientMismatch counts a lenient replay whose body differed.
+	LenientMismatch bool
+}
+
+// IntentFunc tells the decider where the result of a record would be
+// written, so that the store records it atomically with PENDING.
+type IntentFunc func(rec *Record, key string) Intent
+
+// Decider applies a pipeline's policy to batches of records.
+type Decider struct {
+	policy Policy
+	canon  *Canonicalizer
+	store  Store
+	field  Pointer
+	// wait pauses between polls of a key held elsewhere; tests replace it.
+	wait func(ctx context.Context, d time.Duration) error
+	now  func() time.Time
+}
+
+// DeciderOption configures a Decider.
+type DeciderOption func(*Decider)
+
+// WithWaitClock replaces the clock and the pause the decider uses while a
+// key is held elsewhere, so that tests control time instead of sleeping.
+func WithWaitClock(now func() time.Time, wait func(ctx context.Context, d time.Duration) error) DeciderOption {
+	return func(d *Decider) { d.now, d.wait = now, wait }
+}
+
+// NewDecider checks the policy and binds it to a store.
+func NewDecider(p Policy, s Store, opts ...DeciderOption) (*Decider, error) {
+	canon, err := NewCanonicalizer(p.Rules)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline %q: %w", p.Pipeline, err)
+	}
+	d := &Decider{policy: p, canon: canon, store: s, wait: sleepCtx, now: time.Now}
+	for _, o := range opts {
+		o(d)
+	}
+	if p.Key.From == KeyFromField {
+		if d.field, err = ParsePointer(p.Key.Name); err != nil {
+			return nil, fmt.Errorf("pipeline %q: key.name: %w", p.Pipeline, err)
+		}
+	}
+	if p.Window <= 0 || p.PendingTimeout <= 0 || p.FailedTTL <= 0 {
+		return nil, fmt.Errorf("pipeline %q: window, pending_timeout and failed_ttl must be positive", p.Pipeline)
+	}
+	return d, nil
+}
+
+// Policy returns the policy the decider applies.
+func (d *Decider) Policy() Policy { return d.policy }
+
+// Canonicalizer returns the canonicalizer of the pipeline's rules.
+func (d *Decider) Canonicalizer() *Canonicalizer { return d.canon }
+
+// Prepared is a record whose key and fingerprint are known, or whose
+// defect is.
+type Prepared struct {
+	Key         string
+	Fingerprint string
+	// Err is a poison error (see ReasonOf) when the record is invalid.
+	Err error
+}
+
+// Prepare extracts and validates the key and fingerprints the payload. It
+// touches no store. Checks run cheapest first; the fingerprint is still
+// computed for an invalid key, as evidence for the dead-letter record.
+func (d *Decider) Prepare(rec *Record) Prepared {
+	p := d.policy
+	if p.MaxPayloadBytes > 0 && len(rec.Value) > p.MaxPayloadBytes {
+		return Prepared{Err: fmt.Errorf("%w: %d bytes, limit %d", ErrPayloadTooLarge, len(rec.Value), p.MaxPayloadBytes)}
+	}
+	var out Prepared
+	fp, fpErr := d.canon.Fingerprint(rec.Value)
+	if fpErr == nil {
+		out.Fingerprint = fp
+	}
+	out.Key, out.Err = d.extractKey(rec)
+	if out.Err != nil {
+		return out
+	}
+	if fpErr != nil {
+		out.Err = fpErr
+		return out
+	}
+	if p.Schema != nil {
+		if err := p.Schema.ValidatePayload(rec.Value); err != nil {
+			out.Err = fmt.Errorf("%w: %w", ErrInvalidSchema, err)
+		}
+	}
+	return out
+}
+
+func (d *Decider) extractKey(rec *Record) (string, error) {
+	spec := d.policy.Key
+	var raw string
+	switch spec.From {
+	case KeyFromMessageKey:
+		raw = string(rec.Key)
+	case KeyFromField:
+		v, found, err := LookupString(rec.Value, d.field)
+		if err != nil {
+			if errors.Is(err, ErrMalformedPayload) {
+				return "", err
+			}
+			return "", fmt.Errorf("%w: field %s: %w", ErrInvalidKey, spec.Name, err)
+		}
+		if !found {
+			return "", fmt.Errorf("%w: no field %s in the payload", ErrMissingKey, spec.Name)
+		}
+		raw = v
+	default:
+		var found bool
+		for _, h := range rec.Headers {
+			if !strings.EqualFold(h.Key, spec.Name) {
+				continue
+			}
+			if found && raw != string(h.Value) {
+				return "", fmt.Errorf("%w: several %s headers with different values", ErrInvalidKey, spec.Name)
+			}
+			raw, found = string(h.Value), true
+		}
+	}
+	if raw == "" {
+		return "", fmt.Errorf("%w: no %s %s", ErrMissingKey, spec.From, spec.Name)
+	}
+	if spec.MaxLength > 0 && len(raw) > spec.MaxLength {
+		return "", fmt.Errorf("%w: %d bytes, limit %d", ErrInvalidKey, len(raw), spec.MaxLength)
+	}
+	if !utf8.ValidString(raw) {
+		return "", fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	}
+	return spec.Format.Normalize(raw)
+}
+
+// Decide decides a batch of records for one holder (see Owner) and returns
+// one Outcome per record, in order. Records whose key another holder owns
+// are polled with backoff until the lease ends or pending_timeout passes,
+// then decided. An error means the store did not answer: nothing in the
+// batch is decided, and the caller must retry the whole batch.
+func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, intent IntentFunc) ([]Outcome, error) {
+	out := make([]Outcome, len(recs))
+	reqs := make([]DecideRequest, 0, len(recs))
+	idx := make([]int, 0, len(recs))
+	for i := range recs {
+		rec := &recs[i]
+		prep := d.Prepare(rec)
+		out[i] = Outcome{Key: prep.Key, Fingerprint: prep.Fingerprint}
+		if prep.Err != nil {
+			out[i].Kind, out[i].Reason, out[i].Err = OutcomeInvalid, ReasonOf(prep.Err), prep.Err
+			continue
+		}
+		req := DecideRequest{
+			Namespace:   d.policy.Pipeline,
+			Key:         prep.Key,
+			Fingerprint: prep.Fingerprint,
+			RulesDigest: d.canon.RulesDigest(),
+			Semantics:   d.policy.Semantics,
+			Window:      d.policy.Window,
+			Lease:       d.policy.PendingTimeout,
+			Owner:       Owner{Holder: holder, Source: rec.Source()},
+			Intent:      Intent{Partition: -1, Floor: NoPosition},
+		}
+		if intent != nil {
+			req.Intent = intent(rec, prep.Key)
+		}
+		if d.policy.Clock == ClockEvent {
+			req.EventTime = rec.Time
+		}
+		reqs = append(reqs, req)
+		idx = append(idx, i)
+	}
+
+	deadline := d.now().Add(d.policy.PendingTimeout)
+	backoff := 25 * time.Millisecond
+	for len(reqs) > 0 {
+		decisions, err := d.store.Decide(ctx, reqs)
+		if err != nil {
+			return nil, err
+		}
+		if len(decisions) != len(reqs) {
+			return nil, fmt.Errorf("store answered %d decisions for %d requests", len(decisions), len(reqs))
+		}
+		waitReqs, waitIdx := reqs[:0], idx[:0]
+		var leaseLeft time.Duration
+		for j, dec := range decisions {
+			if dec.Verdict == VerdictPending {
+				waitReqs, waitIdx = append(waitReqs, reqs[j]), append(waitIdx, idx[j])
+				if left := dec.Entry.LeaseUntil.Sub(dec.Entry.Now); left > leaseLeft {
+					leaseLeft = left
+				}
+				continue
+			}
+			d.fill(&out[idx[j]], dec)
+		}
+		reqs, idx = waitReqs, waitIdx
+		if len(reqs) == 0 {
+			break
+		}
+		left := deadline.Sub(d.now())
+		if left <= 0 {
+			for j := range reqs {
+				reqs[j].Final = true
+			}
+			continue
+		}
+		// Back off like a client honouring Retry-After: never past the
+		// deadline, never longer than the lease needs.
+		pause := min(backoff, left)
+		if leaseLeft > 0 {
+			pause = min(pause, leaseLeft+time.Millisecond)
+		}
+		if err := d.wait(ctx, pause); err != nil {
+			return nil, err
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+	return out, nil
+}
+
+func (d *Decider) fill(o *Outcome, dec Decision) {
+	o.Decision = dec
+	switch dec.Verdict {
+	case VerdictFirst:
+		o.Kind = OutcomeFirst
+	case VerdictReplay:
+		o.Kind = OutcomeReplay
+		o.LenientMismatch = dec.Mismatch && !dec.RulesChanged && d.policy.Semantics == Lenient
+	case VerdictConflict:
+		o.Kind, o.Reason = OutcomeConflict, ReasonConflict
+		o.Err = fmt.Errorf("idempotency key reused with a different payload: fingerprint %s, first seen as %s at %s",
+			o.Fingerprint, dec.Entry.Fingerprint, dec.Entry.FirstSource)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

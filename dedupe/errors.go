@@ -1,0 +1,105 @@
+package dedupe
+
+import (
+	"context"
+	"errors"
+	"net"
+)
+
+// Reason is why a record went to the dead-letter topic. The values are part
+// of the product contract (the idemstream-reason header) and never change.
+type Reason string
+
+// The reasons of SPEC "Records it writes".
+const (
+	ReasonConflict         Reason = "conflict"
+	ReasonMissingKey       Reason = "missing_key"
+	ReasonInvalidKey       Reason = "invalid_key"
+	ReasonMalformedPayload Reason = "malformed_payload"
+	ReasonPayloadTooLarge  Reason = "payload_too_large"
+	ReasonInvalidSchema    Reason = "invalid_schema"
+	ReasonHandlerFailed    Reason = "handler_failed"
+)
+
+// Sentinel errors. Poison errors name a bad record; ErrStoreUnavailable and
+// ErrFenced describe the store's answer.
+var (
+	ErrMissingKey      = errors.New("missing idempotency key")
+	ErrInvalidKey      = errors.New("invalid idempotency key")
+	ErrPayloadTooLarge = errors.New("payload too large")
+	ErrInvalidSchema   = errors.New("payload violates schema")
+
+	// ErrStoreUnavailable wraps every failure to reach the store. The
+	// caller must treat the records concerned as undecided.
+	ErrStoreUnavailable = errors.New("store unavailable")
+
+	// ErrFenced is returned for a completion whose owner token no longer
+	// owns the key: another worker took the lease over. The stale owner
+	// must drop its work without committing offsets.
+	ErrFenced = errors.New("owner fenced: key owned by another worker")
+)
+
+// Class is what a caller should do about an error.
+type Class int
+
+const (
+	// Fatal errors stop the pipeline: retrying cannot help.
+	Fatal Class = iota
+	// Retryable errors leave the records undecided; pause and try again.
+	Retryable
+	// Poison errors condemn one record, which goes to the dead-letter topic.
+	Poison
+)
+
+func (c Class) String() string {
+	switch c {
+	case Retryable:
+		return "retryable"
+	case Poison:
+		return "poison"
+	default:
+		return "fatal"
+	}
+}
+
+// Classify is the one place that decides how an error is handled.
+func Classify(err error) Class {
+	switch {
+	case err == nil:
+		return Fatal
+	case ReasonOf(err) != "":
+		return Poison
+	case errors.Is(err, ErrStoreUnavailable),
+		errors.Is(err, context.DeadlineExceeded):
+		return Retryable
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return Retryable
+	}
+	return Fatal
+}
+
+// IsRetryable reports whether err leaves records undecided and worth trying
+// again.
+func IsRetryable(err error) bool { return err != nil && Classify(err) == Retryable }
+
+// ReasonOf returns the dead-letter reason of a poison error, or "" when err
+// does not condemn a record.
+func ReasonOf(err error) Reason {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, ErrMissingKey):
+		return ReasonMissingKey
+	case errors.Is(err, ErrInvalidKey):
+		return ReasonInvalidKey
+	case errors.Is(err, ErrMalformedPayload):
+		return ReasonMalformedPayload
+	case errors.Is(err, ErrPayloadTooLarge):
+		return ReasonPayloadTooLarge
+	case errors.Is(err, ErrInvalidSchema):
+		return ReasonInvalidSchema
+	}
+	return ""
+}

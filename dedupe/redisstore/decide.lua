@@ -1,0 +1,89 @@
+-- decide: the Lua twin of dedupe.Apply. One call decides a batch of
+-- records in order, each atomically (the whole call is); the window and the
+-- lease run on the server's clock. One call per batch, not per record:
+-- the cost of a script call dwarfs the cost of one decision.
+--
+-- KEYS[i]  the entry of record i
+-- ARGV     5 values shared by the batch: semantics, window ms, lease ms,
+--          holder, rules digest; then 7 per record: key, fingerprint,
+--          source, intent partition, intent floor, event time ms ("" for
+--          the store clock), final ("1" or "0")
+-- returns  {now ms, then per record: verdict, flags, entry} where flags is
+--          a string of four digits: resumed, rerun, mismatch, rules changed,
+--          and entry is "" for a new entry (the caller rebuilds it)
+local sem, window, lease, holder, rd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local out = {tostring(now)}
+local lu, nex = tostring(now + lease), tostring(now + window)
+
+local function decide(name, key, fp, source, ip, ifl, event, final)
+  local clock = now
+  if event ~= '' then clock = tonumber(event) end
+
+  -- Most records carry a new key: one SET NX decides them.
+  local fresh = table.concat({'PENDING', fp, rd, holder, source, source, ip, ifl, '-1', '-1',
+    tostring(clock), lu, nex, key}, SEP)
+  if redis.call('SET', name, fresh, 'NX', 'PXAT', now + window) then
+    return 'first', '0000', ''
+  end
+
+  local e, raw = load(name)
+  if e then
+    if e.k ~= key then
+      return 'error', '0000', 'entry ' .. name .. ' holds another key'
+    end
+    if now >= tonumber(e.ex) or (e.s ~= 'FAILED' and clock >= tonumber(e.ws) + window) then
+      e = nil
+    end
+  end
+  if e == nil then
+    redis.call('SET', name, fresh, 'PXAT', now + window)
+    return 'first', '0000', ''
+  end
+
+  local changed = e.rd ~= rd
+  local mismatch = e.fp ~= fp
+  local same = (not mismatch) or changed or sem ~= 'strict'
+  local tail = (mismatch and '1' or '0') .. (changed and '1' or '0')
+  local judge = 'conflict'
+  if same then judge = 'replay' end
+
+  if e.s == 'SUCCESS' then
+    return judge, '00' .. tail, raw
+  end
+  if e.s == 'FAILED' then
+    if not same then return 'conflict', '00' .. tail, raw end
+    e.s, e.fp, e.rd, e.oh, e.os = 'PENDING', fp, rd, holder, source
+    e.ip, e.ifl, e.rp, e.ro = ip, ifl, '-1', '-1'
+    e.lu, e.ws, e.ex = lu, tostring(clock), nex
+    return 'first', '01' .. tail, save(name, e)
+  end
+
+  -- PENDING
+  if e.oh == holder and e.os == source then
+    e.lu = lu
+    return 'first', '10' .. tail, save(name, e)
+  end
+  if e.oh == holder then
+    return judge, '00' .. tail, raw
+  end
+  if now < tonumber(e.lu) then
+    if final ~= '1' then return 'pending', '00' .. tail, raw end
+    return judge, '00' .. tail, raw
+  end
+  if not same then
+    return 'conflict', '00' .. tail, raw
+  end
+  e.oh, e.os, e.lu = holder, source, lu
+  if e.ifl == '-1' then e.ip, e.ifl = ip, ifl end
+  return 'first', '10' .. tail, save(name, e)
+end
+
+for i = 1, #KEYS do
+  local b = 5 + (i - 1) * 7
+  local verdict, flags, entry = decide(KEYS[i], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
+    ARGV[b + 5], ARGV[b + 6], ARGV[b + 7])
+  out[#out + 1] = verdict
+  out[#out + 1] = flags
+  out[#out + 1] = entry
+end
+return out

@@ -1,0 +1,48 @@
+// Package redisstore is the dedupe.Store that production uses: per-key
+// state in Redis, decided by Lua scripts so that every transition is
+// atomic on the server, with the window and the leases on the server's
+// clock (TIME inside the script), never on a consumer's.
+//
+// # Layout
+//
+// One Redis string per key, named <prefix>:{<pipeline>:<key>}. The braces
+// are a cluster hash tag: every script touches one key, hence one slot. An
+// idempotency key longer than 64 bytes is replaced in the name by its
+// SHA-256; the original is kept in the value and checked on every access.
+// The value is a JSON array of strings in a fixed order (see entry.lua):
+// a string costs a third of the memory of a hash whose values exceed
+// Redis's listpack limit, as fingerprints do. The key expires (PXAT) when
+// the window, or failed_ttl, ends.
+//
+// A SUCCESS entry with a UUID key, 71-character fingerprint and rules
+// digest and typical holder and source strings takes about 550 bytes of
+// Redis memory (MEMORY USAGE, checked by TestMemoryPerEntry), so a window
+// that sees one million keys needs about 550 MB.
+//
+// # Batches
+//
+// Most records carry a key the store has never seen. For those a decision
+// is a native SET NX with PXAT, stamped with the server's clock read by one
+// TIME per batch: no script runs. Records whose key exists, and later
+// records of a key already in the batch (so that one key's records are
+// decided in order), go to decide.lua, one script call per group of up to
+// 512 records (per hash slot on a cluster). A batch thus costs three round
+// trips at most, however large; batches under 8 records skip TIME and SET
+// NX and take one round trip to decide.lua. Complete is one script call
+// per group. Scripts are re-loaded when a server answers NOSCRIPT (after a
+// restart or a failover).
+//
+// Reading TIME before the SET NX makes a new entry's lease start up to one
+// round trip earlier than the write: the lease is shorter by that much,
+// never longer.
+//
+// # Failures
+//
+// Timeouts, refused connections and a server that stops answering surface
+// as errors wrapping dedupe.ErrStoreUnavailable: no decision of the batch
+// may be assumed. Decisions survive a server restart only if the server
+// persists every write: appendonly yes with appendfsync always (or WAIT on
+// replicas). With weaker settings a restart can forget the last second of
+// decisions, and a redelivered record of a forgotten key is decided first
+// again.
+package redisstore

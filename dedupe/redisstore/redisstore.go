@@ -1,0 +1,504 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemstream/idemstream/dedupe"
+)
+
+// Each script is the shared entry.lua (clock, load, save) followed by
+// its own body, so that the encoding of an entry is written once.
+var (
+	//go:embed entry.lua
+	entrySrc string
+	//go:embed decide.lua
+	decideSrc string
+	//go:embed complete.lua
+	completeSrc string
+	//go:embed lookup.lua
+	lookupSrc string
+
+	decideScript   = redis.NewScript(entrySrc + decideSrc)
+	completeScript = redis.NewScript(entrySrc + completeSrc)
+	lookupScript   = redis.NewScript(entrySrc + lookupSrc)
+)
+
+// maxKeyInName is the longest idempotency key kept verbatim in a Redis key
+// name; longer keys are hashed so that names stay bounded.
+const maxKeyInName = 64
+
+// Store is a dedupe.Store on Redis. It is safe for concurrent use; it owns
+// no goroutine and does not close the client.
+type Store struct {
+	client redis.UniversalClient
+	prefix string
+}
+
+// New returns a Store that names its keys under prefix.
+func New(client redis.UniversalClient, prefix string) *Store {
+	return &Store{client: client, prefix: prefix}
+}
+
+// RedisKey is the name of the hash that holds a key's entry.
+func (s *Store) RedisKey(namespace, key string) string {
+	if len(key) > maxKeyInName {
+		sum := sha256.Sum256([]byte(key))
+		key = "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return s.prefix + ":{" + namespace + ":" + key + "}"
+}
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+// maxGroup bounds the records one script call decides, so that no call
+// blocks the server for long.
+const maxGroup = 512
+
+// Decide implements dedupe.Store.
+//
+// Most records carry a key the store has never seen, and for those the
+// decision is a plain SET NX: one native command, no script. So a batch
+// takes up to three round trips: TIME (the server's clock, which every
+// new entry is stamped with), the SET NX of the first record of each key,
+// then one decide.lua call per group for the records whose key already
+// existed and for later records of a key within the batch (so that records
+// of one key are decided in order).
+func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedupe.Decision, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	names := make([]string, len(reqs))
+	for i, r := range reqs {
+		if err := checkFields(r); err != nil {
+			return nil, err
+		}
+		names[i] = s.RedisKey(r.Namespace, r.Key)
+	}
+	if len(reqs) < fastPathMin {
+		all := make([]int, len(reqs))
+		for i := range all {
+			all[i] = i
+		}
+		out := make([]dedupe.Decision, len(reqs))
+		if err := s.decideScripted(ctx, reqs, names, all, out); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+	nowMs, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return nil, classify("decide", err)
+	}
+	now := time.UnixMilli(nowMs.UnixMilli())
+
+	out := make([]dedupe.Decision, len(reqs))
+	slow := make([]int, 0, 8)
+	seen := make(map[string]struct{}, len(reqs))
+	pipe := s.client.Pipeline()
+	fast := make([]*redis.Cmd, len(reqs))
+	for i, r := range reqs {
+		if _, dup := seen[names[i]]; dup {
+			continue
+		}
+		seen[names[i]] = struct{}{}
+		e := newEntry(r, now)
+		fast[i] = pipe.Do(ctx, "SET", names[i], encodeEntry(e), "NX", "PXAT", e.ExpiresAt.UnixMilli())
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, classify("decide", err)
+	}
+	for i, cmd := range fast {
+		if cmd == nil {
+			slow = append(slow, i)
+			continue
+		}
+		switch err := cmd.Err(); {
+		case err == nil:
+			out[i] = dedupe.Decision{Verdict: dedupe.VerdictFirst, Entry: newEntry(reqs[i], now)}
+		case errors.Is(err, redis.Nil):
+			slow = append(slow, i)
+		default:
+			return nil, classify("decide", err)
+		}
+	}
+	if len(slow) == 0 {
+		return out, nil
+	}
+	if err := s.decideScripted(ctx, reqs, names, slow, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// fastPathMin is the smallest batch worth the extra TIME round trip of the
+// SET NX path; smaller batches go to decide.lua in one round trip.
+const fastPathMin = 8
+
+// decideScripted decides reqs[slow...] with decide.lua, filling out.
+func (s *Store) decideScripted(ctx context.Context, reqs []dedupe.DecideRequest, names []string, slow []int, out []dedupe.Decision) error {
+	slowNames := make([]string, len(slow))
+	args := make([][]any, len(slow))
+	for j, i := range slow {
+		r := reqs[i]
+		event := ""
+		if !r.EventTime.IsZero() {
+			event = strconv.FormatInt(r.EventTime.UnixMilli(), 10)
+		}
+		final := "0"
+		if r.Final {
+			final = "1"
+		}
+		slowNames[j] = names[i]
+		args[j] = []any{r.Key, r.Fingerprint, r.Owner.Source,
+			strconv.FormatInt(int64(r.Intent.Partition), 10), strconv.FormatInt(r.Intent.Floor, 10), event, final}
+	}
+	// What a batch shares travels once per script call.
+	shared := func(j int) []any {
+		r := reqs[slow[j]]
+		return []any{string(r.Semantics), ms(r.Window), ms(r.Lease), r.Owner.Holder, r.RulesDigest}
+	}
+	class := func(j int) string {
+		r := reqs[slow[j]]
+		return string(r.Semantics) + sep + ms(r.Window) + sep + ms(r.Lease) + sep + r.Owner.Holder + sep + r.RulesDigest
+	}
+	return s.runGroups(ctx, "decide", decideScript, slowNames, args, shared, class, func(idx []int, rep []any) error {
+		if len(rep) != 1+3*len(idx) {
+			return fmt.Errorf("decide: %d replies for %d records", len(rep), len(idx))
+		}
+		for n, j := range idx {
+			i := slow[j]
+			d, err := parseDecision(rep[0], rep[1+3*n:4+3*n])
+			if err != nil {
+				return fmt.Errorf("decide %q: %w", reqs[i].Key, err)
+			}
+			if d.Verdict == dedupe.VerdictFirst && str(rep[3+3*n]) == "" {
+				d.Entry = newEntry(reqs[i], d.Entry.Now)
+			}
+			out[i] = d
+		}
+		return nil
+	})
+}
+
+// Complete implements dedupe.Store.
+func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]error, error) {
+	if len(comps) == 0 {
+		return nil, nil
+	}
+	names := make([]string, len(comps))
+	args := make([][]any, len(comps))
+	for i, c := range comps {
+		names[i] = s.RedisKey(c.Namespace, c.Key)
+		args[i] = []any{c.Key, c.Owner.Holder, c.Owner.Source, string(c.State),
+			int64(c.Result.Partition), c.Result.Offset, ms(c.FailedTTL)}
+	}
+	errs := make([]error, len(comps))
+	err := s.runGroups(ctx, "complete", completeScript, names, args, nil, nil, func(idx []int, rep []any) error {
+		if len(rep) != len(idx) {
+			return fmt.Errorf("complete: %d replies for %d completions", len(rep), len(idx))
+		}
+		for j, i := range idx {
+			switch r := str(rep[j]); {
+			case r == "ok":
+			case r == "fenced:":
+				errs[i] = fmt.Errorf("complete %q: %w (entry expired)", comps[i].Key, dedupe.ErrFenced)
+			default:
+				errs[i] = fmt.Errorf("complete %q as %s: %w (%s)", comps[i].Key, comps[i].Owner.Token(),
+					dedupe.ErrFenced, strings.Replace(strings.TrimPrefix(r, "fenced:"), ":", " by ", 1))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// Lookup implements dedupe.Store.
+func (s *Store) Lookup(ctx context.Context, namespace, key string) (dedupe.Entry, bool, error) {
+	var e dedupe.Entry
+	var found bool
+	err := s.runGroups(ctx, "lookup", lookupScript, []string{s.RedisKey(namespace, key)}, [][]any{nil}, nil, nil, func(_ []int, rep []any) error {
+		if len(rep) < 2 {
+			return nil
+		}
+		var err error
+		e, err = parseEntry(rep[0], rep[1])
+		found = err == nil && e.Key == key && e.Now.Before(e.ExpiresAt)
+		return err
+	})
+	if err != nil || !found {
+		return dedupe.Entry{}, false, err
+	}
+	return e, true, nil
+}
+
+// runGroups decides how items travel: on one node, in groups of up to
+// maxGroup per script call; on a cluster, one group per hash slot (a
+// script may only touch one slot). All groups go in one pipelined round
+// trip. Groups that a server answers NOSCRIPT (it restarted, or a failover
+// moved the slot) are sent again after loading the script; the others are
+// not, so no item runs twice.
+//
+// shared, when set, gives the arguments that precede a group's items (taken
+// from its first item); class tells which items may share them.
+func (s *Store) runGroups(ctx context.Context, op string, script *redis.Script, names []string, args [][]any,
+	shared func(i int) []any, class func(i int) string, handle func(idx []int, rep []any) error) error {
+	groups := s.group(names, class)
+	for attempt := 0; ; attempt++ {
+		pipe := s.client.Pipeline()
+		cmds := make([]*redis.Cmd, len(groups))
+		for g, idx := range groups {
+			keys := make([]string, len(idx))
+			var flat []any
+			if shared != nil {
+				flat = append(flat, shared(idx[0])...)
+			}
+			for j, i := range idx {
+				keys[j] = names[i]
+				flat = append(flat, args[i]...)
+			}
+			cmds[g] = script.EvalSha(ctx, pipe, keys, flat...)
+		}
+		_, execErr := pipe.Exec(ctx)
+		var missing [][]int
+		for g, idx := range groups {
+			err := cmds[g].Err()
+			switch {
+			case err == nil:
+				rep, ok := cmds[g].Val().([]any)
+				if !ok {
+					return fmt.Errorf("%s: unexpected reply %T", op, cmds[g].Val())
+				}
+				if err := handle(idx, rep); err != nil {
+					return err
+				}
+			case redis.HasErrorPrefix(err, "NOSCRIPT"):
+				missing = append(missing, idx)
+			default:
+				return classify(op, err)
+			}
+		}
+		if len(missing) == 0 {
+			if execErr != nil && !redis.HasErrorPrefix(execErr, "NOSCRIPT") {
+				return classify(op, execErr)
+			}
+			return nil
+		}
+		if attempt > 0 {
+			return fmt.Errorf("%s: %w: script still missing after loading it", op, dedupe.ErrStoreUnavailable)
+		}
+		if err := s.loadScript(ctx, script); err != nil {
+			return classify(op, err)
+		}
+		groups = missing
+	}
+}
+
+// group splits items into script calls. Items of one slot keep their
+// order: each joins the newest group of its slot, and a full group or a
+// change of class opens a new one behind it.
+func (s *Store) group(names []string, class func(i int) string) [][]int {
+	_, cluster := s.client.(*redis.ClusterClient)
+	var groups [][]int
+	var classes []string
+	newest := map[uint16]int{}
+	for i, n := range names {
+		var slot uint16
+		if cluster {
+			slot = hashSlot(n)
+		}
+		c := ""
+		if class != nil {
+			c = class(i)
+		}
+		g, ok := newest[slot]
+		if !ok || len(groups[g]) == maxGroup || classes[g] != c {
+			g = len(groups)
+			newest[slot] = g
+			groups = append(groups, nil)
+			classes = append(classes, c)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+func (s *Store) loadScript(ctx context.Context, script *redis.Script) error {
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		return cc.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
+			return script.Load(ctx, c).Err()
+		})
+	}
+	return script.Load(ctx, s.client).Err()
+}
+
+// classify keeps the one rule of the package: anything that is not a
+// definite answer from the server leaves the records undecided.
+func classify(op string, err error) error {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("%s: %w", op, err)
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr),
+		errors.Is(err, redis.ErrClosed), isTransient(err):
+		return fmt.Errorf("%s: %w: %w", op, dedupe.ErrStoreUnavailable, err)
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return fmt.Errorf("%s: redis refused: %w", op, err)
+	}
+	// An I/O error that is not a net.Error (EOF on a cut connection).
+	return fmt.Errorf("%s: %w: %w", op, dedupe.ErrStoreUnavailable, err)
+}
+
+func isTransient(err error) bool {
+	msg := err.Error()
+	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "EOF", "connection reset", "broken pipe", "i/o timeout"} {
+		if strings.Contains(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func str(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case int64:
+		return strconv.FormatInt(x, 10)
+	}
+	return fmt.Sprint(v)
+}
+
+func num(v any) (int64, error) {
+	switch x := v.(type) {
+	case int64:
+		return x, nil
+	case string:
+		return strconv.ParseInt(x, 10, 64)
+	}
+	return 0, fmt.Errorf("not a number: %v", v)
+}
+
+func parseDecision(now any, rep []any) (dedupe.Decision, error) {
+	var d dedupe.Decision
+	switch v := str(rep[0]); v {
+	case "first":
+		d.Verdict = dedupe.VerdictFirst
+	case "replay":
+		d.Verdict = dedupe.VerdictReplay
+	case "conflict":
+		d.Verdict = dedupe.VerdictConflict
+	case "pending":
+		d.Verdict = dedupe.VerdictPending
+	case "error":
+		return d, errors.New(str(rep[2]))
+	default:
+		return d, fmt.Errorf("unknown verdict %q", v)
+	}
+	flags := str(rep[1])
+	if str(rep[2]) == "" {
+		nowMs, err := num(now)
+		d.Entry.Now = time.UnixMilli(nowMs)
+		d.Resumed, d.Rerun, d.Mismatch, d.RulesChanged = false, false, false, false
+		return d, err
+	}
+	if len(flags) != 4 {
+		return d, fmt.Errorf("bad flags %q", flags)
+	}
+	d.Resumed, d.Rerun, d.Mismatch, d.RulesChanged = flags[0] == '1', flags[1] == '1', flags[2] == '1', flags[3] == '1'
+	e, err := parseEntry(now, rep[2])
+	if err != nil {
+		return d, err
+	}
+	d.Entry = e
+	return d, nil
+}
+
+const sep = "\x1f"
+
+func parseEntry(now, raw any) (dedupe.Entry, error) {
+	var e dedupe.Entry
+	nowMs, err := num(now)
+	if err != nil {
+		return e, err
+	}
+	e.Now = time.UnixMilli(nowMs)
+	f := strings.SplitN(str(raw), sep, 14)
+	if len(f) != 14 {
+		return e, fmt.Errorf("stored entry is not an idemstream entry: %.80q", str(raw))
+	}
+	var ints [13]int64
+	for i := 6; i < 13; i++ {
+		if ints[i], err = strconv.ParseInt(f[i], 10, 64); err != nil {
+			return e, fmt.Errorf("stored entry field %d: %w", i+1, err)
+		}
+	}
+	e.State, e.Fingerprint, e.RulesDigest = dedupe.State(f[0]), f[1], f[2]
+	e.Owner = dedupe.Owner{Holder: f[3], Source: f[4]}
+	e.FirstSource = f[5]
+	e.Intent = dedupe.Intent{Partition: int32(ints[6]), Floor: ints[7]}
+	e.Result = dedupe.ResultRef{Partition: int32(ints[8]), Offset: ints[9]}
+	e.WindowStart = time.UnixMilli(ints[10])
+	if ints[11] > 0 {
+		e.LeaseUntil = time.UnixMilli(ints[11])
+	}
+	e.ExpiresAt = time.UnixMilli(ints[12])
+	e.Key = f[13]
+	return e, nil
+}
+
+// newEntry rebuilds the entry that decide.lua created for r at now, as
+// dedupe.Apply does; the script does not send it back.
+func newEntry(r dedupe.DecideRequest, now time.Time) dedupe.Entry {
+	clock := now
+	if !r.EventTime.IsZero() {
+		clock = time.UnixMilli(r.EventTime.UnixMilli())
+	}
+	return dedupe.Entry{
+		Key: r.Key, State: dedupe.Pending, Fingerprint: r.Fingerprint, RulesDigest: r.RulesDigest,
+		Owner: r.Owner, FirstSource: r.Owner.Source, Intent: r.Intent,
+		Result:      dedupe.ResultRef{Partition: -1, Offset: dedupe.NoPosition},
+		WindowStart: clock,
+		LeaseUntil:  now.Add(time.Duration(r.Lease.Milliseconds()) * time.Millisecond),
+		ExpiresAt:   now.Add(time.Duration(r.Window.Milliseconds()) * time.Millisecond),
+		Now:         now,
+	}
+}
+
+// encodeEntry is entry.lua's save() in Go: both must write the same bytes.
+func encodeEntry(e dedupe.Entry) string {
+	var lease int64
+	if !e.LeaseUntil.IsZero() {
+		lease = e.LeaseUntil.UnixMilli()
+	}
+	return strings.Join([]string{string(e.State), e.Fingerprint, e.RulesDigest, e.Owner.Holder, e.Owner.Source,
+		e.FirstSource, strconv.FormatInt(int64(e.Intent.Partition), 10), strconv.FormatInt(e.Intent.Floor, 10),
+		strconv.FormatInt(int64(e.Result.Partition), 10), strconv.FormatInt(e.Result.Offset, 10),
+		strconv.FormatInt(e.WindowStart.UnixMilli(), 10), strconv.FormatInt(lease, 10),
+		strconv.FormatInt(e.ExpiresAt.UnixMilli(), 10), e.Key}, sep)
+}
+
+// checkFields refuses values that would corrupt the entry encoding.
+func checkFields(r dedupe.DecideRequest) error {
+	for _, v := range [...]string{r.Fingerprint, r.RulesDigest, r.Owner.Holder, r.Owner.Source} {
+		if strings.Contains(v, sep) {
+			return fmt.Errorf("decide %q: fingerprint, rules digest, holder and source must not contain \\x1f", r.Key)
+		}
+	}
+	return nil
+}

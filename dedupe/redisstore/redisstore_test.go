@@ -1,0 +1,348 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/dedupe/redisstore"
+	"github.com/idemstream/idemstream/dedupe/storetest"
+	"github.com/idemstream/idemstream/internal/testenv"
+)
+
+var prefixes atomic.Int64
+
+// freshPrefix keeps subtests apart on a shared server.
+func freshPrefix() string {
+	return "test" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + strconv.FormatInt(prefixes.Add(1), 10)
+}
+
+func client(t testing.TB, addr string) redis.UniversalClient {
+	t.Helper()
+	c, err := redisstore.NewClient(redisstore.Options{URL: "redis://" + addr + "/0", Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestConformanceMiniredis(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		m := miniredis.RunT(t)
+		clock := storetest.NewManualClock()
+		m.SetTime(clock.Now())
+		return storetest.Harness{
+			Store: redisstore.New(client(t, m.Addr()), "idem"),
+			Advance: func(d time.Duration) {
+				clock.Advance(d)
+				m.SetTime(clock.Now())
+				m.FastForward(d)
+			},
+		}
+	})
+}
+
+func TestConformanceRedisServer(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	c := client(t, addr)
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		// The server's clock is real: advancing it is waiting for it.
+		return storetest.Harness{Store: redisstore.New(c, freshPrefix()), Advance: time.Sleep}
+	})
+}
+
+func decideReq(key, holder string) dedupe.DecideRequest {
+	return dedupe.DecideRequest{
+		Namespace: "p", Key: key, Fingerprint: "sha256:a", RulesDigest: "sha256:r",
+		Semantics: dedupe.Strict, Window: time.Minute, Lease: 10 * time.Second,
+		Owner:  dedupe.Owner{Holder: holder, Source: "in/0/1"},
+		Intent: dedupe.Intent{Partition: -1, Floor: dedupe.NoPosition},
+	}
+}
+
+// Two consumers racing on one key through separate connections: exactly
+// one is told first.
+func TestRacingClientsDecideOnce(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	prefix := freshPrefix()
+	const racers, keys = 8, 200
+	var firsts atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, racers)
+	for r := range racers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := redisstore.New(client(t, addr), prefix)
+			reqs := make([]dedupe.DecideRequest, keys)
+			for k := range reqs {
+				reqs[k] = decideReq("key-"+strconv.Itoa(k), "racer-"+strconv.Itoa(r))
+			}
+			decs, err := s.Decide(context.Background(), reqs)
+			if err != nil {
+				errs <- err
+				return
+			}
+			for _, d := range decs {
+				if d.Verdict == dedupe.VerdictFirst {
+					firsts.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := firsts.Load(); n != keys {
+		t.Errorf("%d first decisions for %d keys across %d racers, want exactly one per key", n, keys, racers)
+	}
+}
+
+// With appendonly yes and appendfsync always, a decision acknowledged
+// before a crash (SIGKILL, no shutdown save) is there after the restart.
+func TestDecisionsSurviveRestartWithAOF(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true})
+	s := redisstore.New(client(t, srv.Addr), "idem")
+	ctx := context.Background()
+	r := decideReq("survivor", "instance-a")
+	if d, err := s.Decide(ctx, []dedupe.DecideRequest{r}); err != nil || d[0].Verdict != dedupe.VerdictFirst {
+		t.Fatalf("decide: %v %v", d, err)
+	}
+	errs, err := s.Complete(ctx, []dedupe.Completion{{Namespace: "p", Key: "survivor", Owner: r.Owner, State: dedupe.Success, Result: dedupe.ResultRef{Partition: 1, Offset: 42}}})
+	if err != nil || errs[0] != nil {
+		t.Fatalf("complete: %v %v", err, errs)
+	}
+	srv.Kill()
+	srv.Start()
+	var e dedupe.Entry
+	var ok bool
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		e, ok, err = s.Lookup(ctx, "p", "survivor")
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || !ok || e.State != dedupe.Success || e.Result.Offset != 42 {
+		t.Fatalf("after restart: %+v ok=%v err=%v", e, ok, err)
+	}
+	d, err := s.Decide(ctx, []dedupe.DecideRequest{decideReq("survivor", "instance-b")})
+	if err != nil || d[0].Verdict != dedupe.VerdictReplay {
+		t.Errorf("after restart the key decides %v (%v), want replay", d, err)
+	}
+}
+
+// A server that stops answering yields an error wrapping
+// ErrStoreUnavailable, never a guess; the next call after it returns works.
+func TestFrozenServerIsAnErrorNotAGuess(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{})
+	s := redisstore.New(client(t, srv.Addr), "idem")
+	ctx := context.Background()
+	if _, err := s.Decide(ctx, []dedupe.DecideRequest{decideReq("warm", "a")}); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause()
+	decs, err := s.Decide(ctx, []dedupe.DecideRequest{decideReq("frozen", "a")})
+	srv.Resume()
+	if err == nil || decs != nil {
+		t.Fatalf("decide on a frozen server = %v, %v; want an error and no decisions", decs, err)
+	}
+	if !errors.Is(err, dedupe.ErrStoreUnavailable) || !dedupe.IsRetryable(err) {
+		t.Errorf("error %v is not a retryable ErrStoreUnavailable", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		d, err := s.Decide(ctx, []dedupe.DecideRequest{decideReq("frozen", "a")})
+		if err == nil {
+			if d[0].Verdict != dedupe.VerdictFirst && !d[0].Resumed {
+				t.Errorf("after the thaw: %v", d[0].Verdict)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server thawed but decide still fails: %v", err)
+		}
+	}
+
+	srv.Stop()
+	if _, err := s.Decide(ctx, []dedupe.DecideRequest{decideReq("down", "a")}); !errors.Is(err, dedupe.ErrStoreUnavailable) {
+		t.Errorf("decide with the server down: %v, want ErrStoreUnavailable", err)
+	}
+	if _, _, err := s.Lookup(ctx, "p", "down"); !errors.Is(err, dedupe.ErrStoreUnavailable) {
+		t.Errorf("lookup with the server down: %v, want ErrStoreUnavailable", err)
+	}
+}
+
+// A restarted server has lost its script cache: the store reloads the
+// script and decides, without running any item twice.
+func TestScriptReloadedAfterFlush(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	c := client(t, addr)
+	s := redisstore.New(c, freshPrefix())
+	ctx := context.Background()
+	if _, err := s.Decide(ctx, []dedupe.DecideRequest{decideReq("a", "h")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	decs, err := s.Decide(ctx, []dedupe.DecideRequest{decideReq("b", "h"), decideReq("b", "h2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if decs[0].Verdict != dedupe.VerdictFirst || decs[0].Resumed || decs[1].Verdict != dedupe.VerdictPending {
+		t.Errorf("after a script flush: %v resumed=%v, %v; want first (not resumed), pending", decs[0].Verdict, decs[0].Resumed, decs[1].Verdict)
+	}
+}
+
+func TestLongKeysAreHashedInTheName(t *testing.T) {
+	s := redisstore.New(nil, "idem")
+	long := strings.Repeat("k", 5000)
+	name := s.RedisKey("p", long)
+	if len(name) > 100 || !strings.HasPrefix(name, "idem:{p:sha256:") || !strings.HasSuffix(name, "}") {
+		t.Errorf("name of a long key = %q (%d bytes)", name, len(name))
+	}
+	if got := s.RedisKey("p", "9f8a2c1d-3e4f-4a5b-8c6d-7e8f9a0b1c2d"); got != "idem:{p:9f8a2c1d-3e4f-4a5b-8c6d-7e8f9a0b1c2d}" {
+		t.Errorf("name of a uuid key = %q", got)
+	}
+}
+
+// TestMemoryPerEntry measures what the package doc promises about memory.
+func TestMemoryPerEntry(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	c := client(t, addr)
+	s := redisstore.New(c, freshPrefix())
+	ctx := context.Background()
+	r := decideReq("9f8a2c1d-3e4f-4a5b-8c6d-7e8f9a0b1c2d", "host-7f9c/gen-12/coupon.claim.commands/3")
+	r.Fingerprint = "sha256:" + strings.Repeat("ab", 32)
+	r.RulesDigest = "sha256:" + strings.Repeat("cd", 32)
+	r.Owner.Source = "coupon.claim.commands/3/18446744"
+	r.Intent = dedupe.Intent{Partition: 5, Floor: 1234567}
+	if _, err := s.Decide(ctx, []dedupe.DecideRequest{r}); err != nil {
+		t.Fatal(err)
+	}
+	if errs, err := s.Complete(ctx, []dedupe.Completion{{Namespace: "p", Key: r.Key, Owner: r.Owner, State: dedupe.Success, Result: dedupe.ResultRef{Partition: 5, Offset: 1234590}}}); err != nil || errs[0] != nil {
+		t.Fatal(err, errs)
+	}
+	n, err := c.MemoryUsage(ctx, s.RedisKey("p", r.Key)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("MEMORY USAGE of one SUCCESS entry: %d bytes", n)
+	if n > 650 {
+		t.Errorf("one SUCCESS entry takes %d bytes; the package doc promises about 550", n)
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	got := redisstore.RedactURL("redis://user:s3cret@host:6379/0")
+	if strings.Contains(got, "s3cret") {
+		t.Errorf("RedactURL leaks the password: %s", got)
+	}
+	_, err := redisstore.NewClient(redisstore.Options{URL: "redis://user:s3cret@host:notaport/0"})
+	if err != nil && strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("NewClient error leaks the password: %v", err)
+	}
+}
+
+// BenchmarkDecide measures decisions per second on a real server, one
+// batch per call, with as many callers as GOMAXPROCS, as the consumer runs
+// one per partition. Compare with redis-benchmark's pipelined SET on the
+// same server: internal/testenv/scripts/bench-redis.sh runs both.
+func BenchmarkDecide(b *testing.B) {
+	addr := testenv.RedisAddr(b)
+	c, err := redisstore.NewClient(redisstore.Options{URL: "redis://" + addr + "/0", Timeout: 10 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	for _, batch := range []int{1, 100, 1000} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			s := redisstore.New(c, freshPrefix())
+			var seq atomic.Int64
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				reqs := make([]dedupe.DecideRequest, batch)
+				ctx := context.Background()
+				for pb.Next() {
+					for i := range reqs {
+						reqs[i] = decideReq("9f8a2c1d-3e4f-4a5b-8c6d-"+strconv.FormatInt(1e11+seq.Add(1), 10), "bench")
+						reqs[i].Window = 30 * time.Second
+					}
+					if _, err := s.Decide(ctx, reqs); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "decisions/s")
+		})
+	}
+}
+
+// A new key is written by SET NX in large batches and by decide.lua in
+// small ones: both must store the same entry, or the script would misread
+// what the fast path wrote.
+func TestFastPathAndScriptStoreTheSameEntry(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	s := redisstore.New(client(t, addr), freshPrefix())
+	ctx := context.Background()
+	batch := make([]dedupe.DecideRequest, 20)
+	for i := range batch {
+		batch[i] = decideReq("fast-"+strconv.Itoa(i), "holder-x")
+		batch[i].Intent = dedupe.Intent{Partition: 3, Floor: 99}
+	}
+	batch[19] = batch[0] // a later record of a key already in the batch
+	decs, err := s.Decide(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if decs[0].Verdict != dedupe.VerdictFirst || decs[19].Verdict != dedupe.VerdictFirst || !decs[19].Resumed {
+		t.Errorf("batch: %v, %v resumed=%v; want first, then the same record resumed", decs[0].Verdict, decs[19].Verdict, decs[19].Resumed)
+	}
+	single := decideReq("script-0", "holder-x")
+	single.Intent = dedupe.Intent{Partition: 3, Floor: 99}
+	if _, err := s.Decide(ctx, []dedupe.DecideRequest{single}); err != nil {
+		t.Fatal(err)
+	}
+	fast, _, err := s.Lookup(ctx, "p", "fast-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scripted, _, err := s.Lookup(ctx, "p", "script-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	norm := func(e dedupe.Entry) dedupe.Entry {
+		e.Key, e.WindowStart, e.LeaseUntil, e.ExpiresAt, e.Now = "", time.Time{}, time.Time{}, time.Time{}, time.Time{}
+		return e
+	}
+	if norm(fast) != norm(scripted) {
+		t.Errorf("entries differ:\nfast   %+v\nscript %+v", fast, scripted)
+	}
+	if d := fast.ExpiresAt.Sub(fast.WindowStart); d != time.Minute {
+		t.Errorf("fast path window = %v, want 1m", d)
+	}
+	if d := fast.LeaseUntil.Sub(fast.WindowStart); d != 10*time.Second {
+		t.Errorf("fast path lease = %v, want 10s", d)
+	}
+	// The script must read what the fast path wrote: a replay decides.
+	other := decideReq("fast-1", "holder-y")
+	other.Final = true
+	if d, err := s.Decide(ctx, []dedupe.DecideRequest{other}); err != nil || d[0].Verdict != dedupe.VerdictReplay || d[0].Entry.Intent.Floor != 99 {
+		t.Errorf("script on a fast-path entry: %+v %v", d, err)
+	}
+}

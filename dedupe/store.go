@@ -1,0 +1,311 @@
+package dedupe
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// State is the life-cycle stage of one idempotency key.
+type State string
+
+// The three states of the article's state machine. Two states are not
+// enough: "still being handled" and "handled and failed" need different
+// answers.
+const (
+	Pending State = "PENDING"
+	Success State = "SUCCESS"
+	Failed  State = "FAILED"
+)
+
+// Owner identifies who holds a PENDING key. Holder names the worker and the
+// partition it processes (instance, group generation, topic/partition);
+// Source names the record (topic/partition/offset). The token is both:
+// a redelivery of the same record to the same holder resumes its own work,
+// while another record of the same key reaching the same holder is decided
+// against the pending entry instead of waiting for itself.
+type Owner struct {
+	Holder string
+	Source string
+}
+
+// Token is the fencing token checked by every completion write.
+func (o Owner) Token() string { return o.Holder + "@" + o.Source }
+
+// NoPosition marks an intent or result position that was not recorded.
+const NoPosition int64 = -1
+
+// Intent records where the result of a first record will be written before
+// it is written: the output partition and its end offset read beforehand.
+// A worker that resumes a PENDING key scans that partition from Floor for a
+// record carrying the key before it writes again.
+type Intent struct {
+	Partition int32
+	Floor     int64
+}
+
+// ResultRef is where a completed result record landed.
+type ResultRef struct {
+	Partition int32
+	Offset    int64
+}
+
+// Entry is the stored state of one key.
+type Entry struct {
+	Key         string
+	State       State
+	Fingerprint string
+	RulesDigest string
+	Owner       Owner
+	// FirstSource is the input position of the record that created the
+	// entry: the evidence a conflict record carries.
+	FirstSource string
+	Intent      Intent
+	Result      ResultRef
+	// WindowStart is on the pipeline's clock (store or event time).
+	WindowStart time.Time
+	// LeaseUntil and ExpiresAt are on the store's clock.
+	LeaseUntil time.Time
+	ExpiresAt  time.Time
+	// Now is the store's clock when the entry was read, so that a reader
+	// can show time left without trusting its own clock.
+	Now time.Time
+}
+
+// DecideRequest asks the store to decide one record.
+type DecideRequest struct {
+	Namespace   string // the pipeline: keys of different pipelines never meet
+	Key         string
+	Fingerprint string
+	RulesDigest string
+	Semantics   Semantics
+	Window      time.Duration
+	Lease       time.Duration
+	Owner       Owner
+	Intent      Intent
+	// EventTime, when set, runs the window on the record's timestamp
+	// (clock: event) instead of the store's clock. Leases always run on
+	// the store's clock.
+	EventTime time.Time
+	// Final asks for a decision even when another holder's lease is still
+	// running: the caller has waited pending_timeout already.
+	Final bool
+}
+
+// Verdict is the store's answer for one record.
+type Verdict int
+
+const (
+	// VerdictFirst: the caller now owns the key (PENDING) and must produce
+	// the one result, then Complete.
+	VerdictFirst Verdict = iota + 1
+	// VerdictReplay: the key is known and the record is the same request.
+	VerdictReplay
+	// VerdictConflict: strict semantics, same key, different fingerprint.
+	VerdictConflict
+	// VerdictPending: another holder's lease is running; wait and ask
+	// again (with Final once pending_timeout has passed).
+	VerdictPending
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case VerdictFirst:
+		return "first"
+	case VerdictReplay:
+		return "replay"
+	case VerdictConflict:
+		return "conflict"
+	case VerdictPending:
+		return "pending"
+	}
+	return fmt.Sprintf("verdict(%d)", int(v))
+}
+
+// Decision is the outcome of one DecideRequest.
+type Decision struct {
+	Verdict Verdict
+	// Entry is the state after the decision: the caller's PENDING entry
+	// for VerdictFirst, the existing entry otherwise.
+	Entry Entry
+	// Resumed is set with VerdictFirst when the caller did not create the
+	// entry but resumed it (its own redelivered record, or a lease that
+	// expired and was taken over). A result may already be in the output
+	// partition: scan from Entry.Intent before writing.
+	Resumed bool
+	// Rerun is set with VerdictFirst when the key was FAILED and the
+	// handler runs again.
+	Rerun bool
+	// Mismatch is set when the fingerprint differs from the stored one.
+	// With lenient semantics a replay with Mismatch is a lenient_mismatch.
+	Mismatch bool
+	// RulesChanged is set when the stored entry was made under other
+	// canonicalization rules: a fingerprint mismatch is then not evidence
+	// of a conflict, and the record is decided as a replay.
+	RulesChanged bool
+}
+
+// Completion finishes a key that the caller owns.
+type Completion struct {
+	Namespace string
+	Key       string
+	Owner     Owner
+	// State is Success or Failed.
+	State  State
+	Result ResultRef
+	// FailedTTL is how long a Failed key is kept (failed_ttl).
+	FailedTTL time.Duration
+}
+
+// Store holds per-key state and decides atomically. Implementations must
+// pass the storetest conformance suite.
+//
+// Decide applies [Apply] to each request in order, atomically per request,
+// and returns one Decision per request. Requests for the same key in one
+// call are decided in order, each seeing the effect of the previous.
+//
+// Complete moves PENDING entries owned by the given token to Success (kept
+// until the window ends) or Failed (kept FailedTTL). It returns one error
+// per completion: nil, or one wrapping ErrFenced when the token no longer
+// owns the key (it was taken over, or the entry expired).
+//
+// Lookup returns the stored entry of a key, and false when there is none.
+//
+// Every method returns an error wrapping ErrStoreUnavailable when the store
+// did not answer; no decision or completion in that call may be assumed.
+type Store interface {
+	Decide(ctx context.Context, reqs []DecideRequest) ([]Decision, error)
+	Complete(ctx context.Context, comps []Completion) ([]error, error)
+	Lookup(ctx context.Context, namespace, key string) (Entry, bool, error)
+}
+
+// Apply is the reference decision table that every Store implements. It
+// returns the decision for req given the stored entry (nil when absent or
+// expired) and the store's clock, and the entry to store (nil: unchanged).
+//
+//	stored                       strict                     lenient / window
+//	none, or window over         first                      first
+//	SUCCESS, same fingerprint    replay                     replay
+//	SUCCESS, other fingerprint   conflict (replay if the    replay (mismatch)
+//	                             rules changed)
+//	FAILED, same fingerprint     first (rerun)              first (rerun)
+//	FAILED, other fingerprint    conflict (rerun if rules   first (rerun)
+//	                             changed)
+//	PENDING, own record          first (resumed)            first (resumed)
+//	PENDING, same holder         as SUCCESS                 as SUCCESS
+//	PENDING, lease running       pending (as SUCCESS when Final)
+//	PENDING, lease over          first (resumed, new owner) if the record
+//	                             could be the same request, else conflict
+func Apply(cur *Entry, req DecideRequest, now time.Time) (Decision, *Entry) {
+	clock := now
+	if !req.EventTime.IsZero() {
+		clock = req.EventTime
+	}
+	if cur != nil && (!now.Before(cur.ExpiresAt) ||
+		(cur.State != Failed && !clock.Before(cur.WindowStart.Add(req.Window)))) {
+		cur = nil
+	}
+	if cur == nil {
+		e := &Entry{
+			Key:         req.Key,
+			State:       Pending,
+			Fingerprint: req.Fingerprint,
+			RulesDigest: req.RulesDigest,
+			Owner:       req.Owner,
+			FirstSource: req.Owner.Source,
+			Intent:      req.Intent,
+			Result:      ResultRef{Partition: -1, Offset: NoPosition},
+			WindowStart: clock,
+			LeaseUntil:  now.Add(req.Lease),
+			ExpiresAt:   now.Add(req.Window),
+		}
+		return Decision{Verdict: VerdictFirst, Entry: *e}, e
+	}
+
+	d := Decision{Entry: *cur}
+	d.RulesChanged = cur.RulesDigest != req.RulesDigest
+	d.Mismatch = cur.Fingerprint != req.Fingerprint
+	sameRequest := !d.Mismatch || d.RulesChanged || req.Semantics != Strict
+
+	switch cur.State {
+	case Success:
+		d.Verdict = replayOrConflict(sameRequest)
+		return d, nil
+	case Failed:
+		if !sameRequest {
+			d.Verdict = VerdictConflict
+			return d, nil
+		}
+		e := *cur
+		e.State = Pending
+		e.Fingerprint, e.RulesDigest = req.Fingerprint, req.RulesDigest
+		e.Owner = req.Owner
+		e.Intent = req.Intent
+		e.Result = ResultRef{Partition: -1, Offset: NoPosition}
+		e.LeaseUntil = now.Add(req.Lease)
+		// A rerun gets the window it would have had as a first copy:
+		// the failure did not consume it.
+		e.WindowStart = clock
+		e.ExpiresAt = now.Add(req.Window)
+		d.Verdict, d.Rerun, d.Entry = VerdictFirst, true, e
+		return d, &e
+	}
+
+	// PENDING.
+	switch {
+	case cur.Owner == req.Owner:
+		e := *cur
+		e.LeaseUntil = now.Add(req.Lease)
+		d.Verdict, d.Resumed, d.Entry = VerdictFirst, true, e
+		return d, &e
+	case cur.Owner.Holder == req.Owner.Holder:
+		d.Verdict = replayOrConflict(sameRequest)
+		return d, nil
+	case now.Before(cur.LeaseUntil):
+		if !req.Final {
+			d.Verdict = VerdictPending
+			return d, nil
+		}
+		d.Verdict = replayOrConflict(sameRequest)
+		return d, nil
+	case !sameRequest:
+		d.Verdict = VerdictConflict
+		return d, nil
+	}
+	// The lease ran out: take over, keeping the intent of the previous
+	// owner so that the scan starts low enough to find its write.
+	e := *cur
+	e.Owner = req.Owner
+	e.LeaseUntil = now.Add(req.Lease)
+	if e.Intent.Floor == NoPosition {
+		e.Intent = req.Intent
+	}
+	d.Verdict, d.Resumed, d.Entry = VerdictFirst, true, e
+	return d, &e
+}
+
+func replayOrConflict(sameRequest bool) Verdict {
+	if sameRequest {
+		return VerdictReplay
+	}
+	return VerdictConflict
+}
+
+// ApplyCompletion is the reference completion rule: only the current owner
+// of a PENDING entry may finish it.
+func ApplyCompletion(cur *Entry, c Completion, now time.Time) (*Entry, error) {
+	if cur == nil || !now.Before(cur.ExpiresAt) {
+		return nil, fmt.Errorf("complete %q: %w (entry expired)", c.Key, ErrFenced)
+	}
+	if cur.State != Pending || cur.Owner != c.Owner {
+		return nil, fmt.Errorf("complete %q as %s: %w (%s by %s)", c.Key, c.Owner.Token(), ErrFenced, cur.State, cur.Owner.Token())
+	}
+	e := *cur
+	e.State = c.State
+	e.Result = c.Result
+	e.LeaseUntil = time.Time{}
+	if c.State == Failed {
+		e.ExpiresAt = now.Add(c.FailedTTL)
+	}
+	return &e, nil
+}

@@ -1,0 +1,429 @@
+// Package storetest is the conformance suite of dedupe.Store. Every Store
+// implementation runs it from its own tests, so that the memory store the
+// unit tests use and the Redis store production uses cannot drift apart:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) storetest.Harness {
+//			clock := storetest.NewManualClock()
+//			return storetest.Harness{Store: memstore.New(memstore.WithClock(clock.Now)), Advance: clock.Advance}
+//		})
+//	}
+//
+// The suite uses windows of about a second, so a store on a real clock can
+// implement Advance by sleeping.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemstream/idemstream/dedupe"
+)
+
+// Harness is one fresh, empty store and the means to move its clock.
+type Harness struct {
+	Store dedupe.Store
+	// Advance moves the store's clock forward by at least d.
+	Advance func(d time.Duration)
+}
+
+// ManualClock is a clock that moves only when told.
+type ManualClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewManualClock starts at a fixed instant.
+func NewManualClock() *ManualClock {
+	return &ManualClock{now: time.Date(2026, 6, 18, 0, 0, 0, 0, time.UTC)}
+}
+
+// Now returns the clock's time.
+func (c *ManualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward.
+func (c *ManualClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+const (
+	window = 1200 * time.Millisecond
+	lease  = 400 * time.Millisecond
+	// slack keeps a step clear of a boundary on stores with real clocks.
+	slack = 150 * time.Millisecond
+)
+
+var (
+	holderA = "instance-a/gen-1/commands/0"
+	holderB = "instance-b/gen-1/commands/1"
+)
+
+func req(key, fp string, sem dedupe.Semantics, holder, source string) dedupe.DecideRequest {
+	return dedupe.DecideRequest{
+		Namespace:   "conformance",
+		Key:         key,
+		Fingerprint: fp,
+		RulesDigest: "sha256:rules-1",
+		Semantics:   sem,
+		Window:      window,
+		Lease:       lease,
+		Owner:       dedupe.Owner{Holder: holder, Source: source},
+		Intent:      dedupe.Intent{Partition: 2, Floor: 100},
+	}
+}
+
+func complete(r dedupe.DecideRequest, st dedupe.State, offset int64) dedupe.Completion {
+	return dedupe.Completion{
+		Namespace: r.Namespace, Key: r.Key, Owner: r.Owner, State: st,
+		Result:    dedupe.ResultRef{Partition: r.Intent.Partition, Offset: offset},
+		FailedTTL: window,
+	}
+}
+
+// Run runs the whole suite; newHarness is called once per subtest.
+func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			tc.run(t, h, &driver{t: t, h: h})
+		})
+	}
+}
+
+type driver struct {
+	t *testing.T
+	h Harness
+}
+
+func (d *driver) decide(reqs ...dedupe.DecideRequest) []dedupe.Decision {
+	d.t.Helper()
+	out, err := d.h.Store.Decide(context.Background(), reqs)
+	if err != nil {
+		d.t.Fatalf("Decide: %v", err)
+	}
+	if len(out) != len(reqs) {
+		d.t.Fatalf("Decide returned %d decisions for %d requests", len(out), len(reqs))
+	}
+	return out
+}
+
+func (d *driver) one(r dedupe.DecideRequest, want dedupe.Verdict) dedupe.Decision {
+	d.t.Helper()
+	dec := d.decide(r)[0]
+	if dec.Verdict != want {
+		d.t.Fatalf("decide %s (%s, fp %s, owner %s): verdict %v, want %v (entry %+v)",
+			r.Key, r.Semantics, r.Fingerprint, r.Owner.Token(), dec.Verdict, want, dec.Entry)
+	}
+	return dec
+}
+
+func (d *driver) complete(c dedupe.Completion) error {
+	d.t.Helper()
+	errs, err := d.h.Store.Complete(context.Background(), []dedupe.Completion{c})
+	if err != nil {
+		d.t.Fatalf("Complete: %v", err)
+	}
+	if len(errs) != 1 {
+		d.t.Fatalf("Complete returned %d errors for 1 completion", len(errs))
+	}
+	return errs[0]
+}
+
+func (d *driver) mustComplete(c dedupe.Completion) {
+	d.t.Helper()
+	if err := d.complete(c); err != nil {
+		d.t.Fatalf("complete %s by %s: %v", c.Key, c.Owner.Token(), err)
+	}
+}
+
+func (d *driver) lookup(key string) (dedupe.Entry, bool) {
+	d.t.Helper()
+	e, ok, err := d.h.Store.Lookup(context.Background(), "conformance", key)
+	if err != nil {
+		d.t.Fatalf("Lookup: %v", err)
+	}
+	return e, ok
+}
+
+type testCase struct {
+	name string
+	run  func(t *testing.T, h Harness, d *driver)
+}
+
+var cases = []testCase{
+	{"FirstCreatesPendingWithIntent", func(t *testing.T, h Harness, d *driver) {
+		r := req("k1", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		dec := d.one(r, dedupe.VerdictFirst)
+		if dec.Resumed || dec.Rerun || dec.Mismatch || dec.RulesChanged {
+			t.Errorf("fresh first carries flags: %+v", dec)
+		}
+		e, ok := d.lookup("k1")
+		if !ok {
+			t.Fatal("no entry after first")
+		}
+		if e.State != dedupe.Pending || e.Fingerprint != "sha256:a" || e.RulesDigest != "sha256:rules-1" ||
+			e.Owner != r.Owner || e.FirstSource != "commands/0/10" || e.Intent != r.Intent {
+			t.Errorf("stored entry = %+v", e)
+		}
+		if left := e.LeaseUntil.Sub(e.Now); left <= 0 || left > lease {
+			t.Errorf("lease left %v, want within (0, %v]", left, lease)
+		}
+		if left := e.ExpiresAt.Sub(e.Now); left <= lease || left > window {
+			t.Errorf("window left %v, want within (%v, %v]", left, lease, window)
+		}
+	}},
+	{"CompleteStoresResultAndReplays", func(t *testing.T, h Harness, d *driver) {
+		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		d.mustComplete(complete(r, dedupe.Success, 777))
+		e, _ := d.lookup("k")
+		if e.State != dedupe.Success || e.Result != (dedupe.ResultRef{Partition: 2, Offset: 777}) {
+			t.Errorf("after complete: %+v", e)
+		}
+		dec := d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictReplay)
+		if dec.Mismatch || dec.Entry.Result.Offset != 777 || dec.Entry.FirstSource != "commands/0/10" {
+			t.Errorf("replay decision = %+v", dec)
+		}
+	}},
+	{"StrictConflictLeavesStateUnchanged", func(t *testing.T, h Harness, d *driver) {
+		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		d.mustComplete(complete(r, dedupe.Success, 1))
+		dec := d.one(req("k", "sha256:b", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictConflict)
+		if !dec.Mismatch || dec.Entry.Fingerprint != "sha256:a" || dec.Entry.FirstSource != "commands/0/10" {
+			t.Errorf("conflict evidence = %+v", dec)
+		}
+		e, _ := d.lookup("k")
+		if e.Fingerprint != "sha256:a" || e.State != dedupe.Success {
+			t.Errorf("conflict changed state: %+v", e)
+		}
+	}},
+	{"LenientMismatchIsReplay", func(t *testing.T, h Harness, d *driver) {
+		r := req("k", "sha256:a", dedupe.Lenient, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		d.mustComplete(complete(r, dedupe.Success, 1))
+		dec := d.one(req("k", "sha256:b", dedupe.Lenient, holderB, "commands/1/5"), dedupe.VerdictReplay)
+		if !dec.Mismatch {
+			t.Error("lenient replay of another body not marked as mismatch")
+		}
+	}},
+	{"WindowEndsAndKeyIsNewAgain", func(t *testing.T, h Harness, d *driver) {
+		for _, sem := range []dedupe.Semantics{dedupe.Strict, dedupe.Lenient, dedupe.Window} {
+			key := "k-" + string(sem)
+			r := req(key, "sha256:a", sem, holderA, "commands/0/10")
+			d.one(r, dedupe.VerdictFirst)
+			d.mustComplete(complete(r, dedupe.Success, 1))
+			d.one(req(key, "sha256:b", sem, holderB, "commands/1/5"), map[dedupe.Semantics]dedupe.Verdict{
+				dedupe.Strict: dedupe.VerdictConflict, dedupe.Lenient: dedupe.VerdictReplay, dedupe.Window: dedupe.VerdictReplay,
+			}[sem])
+		}
+		h.Advance(window + slack)
+		for _, sem := range []dedupe.Semantics{dedupe.Strict, dedupe.Lenient, dedupe.Window} {
+			dec := d.one(req("k-"+string(sem), "sha256:b", sem, holderB, "commands/1/6"), dedupe.VerdictFirst)
+			if dec.Resumed || dec.Rerun {
+				t.Errorf("%s: a key past its window is new, got %+v", sem, dec)
+			}
+		}
+	}},
+	{"RulesChangedIsReplayNotConflict", func(t *testing.T, h Harness, d *driver) {
+		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		d.mustComplete(complete(r, dedupe.Success, 1))
+		r2 := req("k", "sha256:b", dedupe.Strict, holderB, "commands/1/5")
+		r2.RulesDigest = "sha256:rules-2"
+		dec := d.one(r2, dedupe.VerdictReplay)
+		if !dec.RulesChanged {
+			t.Error("replay under changed rules not flagged RulesChanged")
+		}
+	}},
+	{"FailedReruns", func(t *testing.T, h Harness, d *driver) {
+		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		d.mustComplete(complete(r, dedupe.Failed, dedupe.NoPosition))
+		if e, _ := d.lookup("k"); e.State != dedupe.Failed {
+			t.Fatalf("state after failure = %s", e.State)
+		}
+		d.one(req("k", "sha256:other", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictConflict)
+		r2 := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/6")
+		dec := d.one(r2, dedupe.VerdictFirst)
+		if !dec.Rerun || dec.Entry.Owner != r2.Owner {
+			t.Errorf("rerun decision = %+v", dec)
+		}
+		d.mustComplete(complete(r2, dedupe.Success, 9))
+		d.one(req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/11"), dedupe.VerdictReplay)
+	}},
+	{"FailedLenientRerunsAnyBody", func(t *testing.T, h Harness, d *driver) {
+		r := req("k", "sha256:a", dedupe.Lenient, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		d.mustComplete(complete(r, dedupe.Failed, dedupe.NoPosition))
+		dec := d.one(req("k", "sha256:b", dedupe.Lenient, holderB, "commands/1/5"), dedupe.VerdictFirst)
+		if !dec.Rerun || dec.Entry.Fingerprint != "sha256:b" {
+			t.Errorf("lenient rerun = %+v", dec)
+		}
+	}},
+	{"FailedExpiresAfterTTL", func(t *testing.T, h Harness, d *driver) {
+		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		c := complete(r, dedupe.Failed, dedupe.NoPosition)
+		c.FailedTTL = lease
+		d.mustComplete(c)
+		h.Advance(lease + slack)
+		if _, ok := d.lookup("k"); ok {
+			t.Error("failed entry still stored after failed_ttl")
+		}
+		dec := d.one(req("k", "sha256:b", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictFirst)
+		if dec.Rerun {
+			t.Error("a key past failed_ttl is new, not a rerun")
+		}
+	}},
+	{"PendingElsewhereWaitsThenDecides", func(t *testing.T, h Harness, d *driver) {
+		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		other := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		dec := d.one(other, dedupe.VerdictPending)
+		if left := dec.Entry.LeaseUntil.Sub(dec.Entry.Now); left <= 0 {
+			t.Errorf("pending decision shows no lease left: %v", left)
+		}
+		other.Final = true
+		d.one(other, dedupe.VerdictReplay)
+		bad := req("k", "sha256:b", dedupe.Strict, holderB, "commands/1/6")
+		bad.Final = true
+		d.one(bad, dedupe.VerdictConflict)
+		if e, _ := d.lookup("k"); e.Owner != r.Owner || e.State != dedupe.Pending {
+			t.Errorf("waiters changed the owner's entry: %+v", e)
+		}
+	}},
+	{"SameHolderDecidesAgainstItsOwnPending", func(t *testing.T, h Harness, d *driver) {
+		decs := d.decide(
+			req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10"),
+			req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/11"),
+			req("k", "sha256:b", dedupe.Strict, holderA, "commands/0/12"),
+		)
+		want := []dedupe.Verdict{dedupe.VerdictFirst, dedupe.VerdictReplay, dedupe.VerdictConflict}
+		for i, w := range want {
+			if decs[i].Verdict != w {
+				t.Errorf("batch[%d] = %v, want %v", i, decs[i].Verdict, w)
+			}
+		}
+	}},
+	{"RedeliveryToSameOwnerResumes", func(t *testing.T, h Harness, d *driver) {
+		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		again := r
+		again.Intent = dedupe.Intent{Partition: 2, Floor: 150}
+		dec := d.one(again, dedupe.VerdictFirst)
+		if !dec.Resumed || dec.Entry.Intent.Floor != 100 {
+			t.Errorf("resume = %+v, want Resumed with the first intent (floor 100)", dec)
+		}
+	}},
+	{"ExpiredLeaseIsTakenOverAndOldOwnerFenced", func(t *testing.T, h Harness, d *driver) {
+		old := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(old, dedupe.VerdictFirst)
+		h.Advance(lease + slack)
+		taker := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		taker.Intent = dedupe.Intent{Partition: 2, Floor: 300}
+		dec := d.one(taker, dedupe.VerdictFirst)
+		if !dec.Resumed || dec.Entry.Owner != taker.Owner || dec.Entry.Intent.Floor != 100 ||
+			dec.Entry.FirstSource != "commands/0/10" {
+			t.Errorf("takeover = %+v, want Resumed, new owner, intent floor kept at 100", dec)
+		}
+		err := d.complete(complete(old, dedupe.Success, 1))
+		if !errors.Is(err, dedupe.ErrFenced) {
+			t.Errorf("stale owner's completion: %v, want ErrFenced", err)
+		}
+		d.mustComplete(complete(taker, dedupe.Success, 2))
+		if e, _ := d.lookup("k"); e.Result.Offset != 2 || e.Owner != taker.Owner {
+			t.Errorf("after takeover completion: %+v", e)
+		}
+		if err := d.complete(complete(taker, dedupe.Success, 3)); !errors.Is(err, dedupe.ErrFenced) {
+			t.Errorf("second completion of a finished key: %v, want ErrFenced", err)
+		}
+	}},
+	{"ExpiredLeaseWithOtherBodyIsConflict", func(t *testing.T, h Harness, d *driver) {
+		d.one(req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)
+		h.Advance(lease + slack)
+		d.one(req("k", "sha256:b", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictConflict)
+	}},
+	{"CompleteWithoutEntryIsFenced", func(t *testing.T, h Harness, d *driver) {
+		r := req("ghost", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		if err := d.complete(complete(r, dedupe.Success, 1)); !errors.Is(err, dedupe.ErrFenced) {
+			t.Errorf("completion of an unknown key: %v, want ErrFenced", err)
+		}
+		if _, ok := d.lookup("ghost"); ok {
+			t.Error("a refused completion created an entry")
+		}
+	}},
+	{"NamespacesAreIsolated", func(t *testing.T, h Harness, d *driver) {
+		a := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		b := a
+		b.Namespace = "other-pipeline"
+		b.Fingerprint = "sha256:b"
+		d.one(a, dedupe.VerdictFirst)
+		d.one(b, dedupe.VerdictFirst)
+	}},
+	{"KeysAreOpaqueBytes", func(t *testing.T, h Harness, d *driver) {
+		keys := []string{"a:b", "{tag}", "ключ-ü", "9F8A2C1D", "9f8a2c1d", string(make([]byte, 300))}
+		for i, k := range keys {
+			d.one(req(k, "sha256:a", dedupe.Strict, holderA, fmt.Sprintf("commands/0/%d", i)), dedupe.VerdictFirst)
+		}
+		for _, k := range keys {
+			if e, ok := d.lookup(k); !ok || e.Key != k {
+				t.Errorf("lookup %q = %+v, %v", k, e.Key, ok)
+			}
+		}
+	}},
+	{"EventClockWindow", func(t *testing.T, h Harness, d *driver) {
+		at := time.Date(2026, 6, 18, 10, 0, 0, 0, time.UTC)
+		r := req("k", "sha256:a", dedupe.Window, holderA, "commands/0/10")
+		r.EventTime = at
+		d.one(r, dedupe.VerdictFirst)
+		d.mustComplete(complete(r, dedupe.Success, 1))
+		inside := req("k", "sha256:a", dedupe.Window, holderB, "commands/1/5")
+		inside.EventTime = at.Add(window - slack)
+		d.one(inside, dedupe.VerdictReplay)
+		after := inside
+		after.EventTime = at.Add(window)
+		d.one(after, dedupe.VerdictFirst)
+	}},
+	{"RacingHoldersDecideOnce", func(t *testing.T, h Harness, d *driver) {
+		const racers = 16
+		var firsts atomic.Int32
+		var wg sync.WaitGroup
+		errs := make(chan error, racers)
+		for i := range racers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := req("race", "sha256:a", dedupe.Strict, fmt.Sprintf("racer-%d", i), fmt.Sprintf("commands/%d/1", i))
+				decs, err := h.Store.Decide(context.Background(), []dedupe.DecideRequest{r})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if decs[0].Verdict == dedupe.VerdictFirst {
+					firsts.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("Decide: %v", err)
+		}
+		if n := firsts.Load(); n != 1 {
+			t.Errorf("%d racers were told first, want exactly 1", n)
+		}
+	}},
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Installs, starts and stops the real servers of the integration tests.
+# Sourced by test.sh and the benchmark scripts. A server named by its
+# IDEMSTREAM_TEST_* variable is used as it is: nothing is started for it.
+state_dir="${IDEMSTREAM_TESTENV_DIR:-$PWD/.testenv}"
+mkdir -p "$state_dir"
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# ensure_redis_installed installs redis-server (and redis-benchmark) from
+# Debian's packages when the machine lacks them.
+ensure_redis_installed() {
+  if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
+    return
+  fi
+  echo "installing redis-server from Debian's packages" >&2
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq redis-server redis-tools >/dev/null
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+start_redis() {
+  if [ -n "${IDEMSTREAM_TEST_REDIS:-}" ]; then
+    echo "using the Redis server at $IDEMSTREAM_TEST_REDIS" >&2
+    return
+  fi
+  ensure_redis_installed
+  local port dir
+  port=$(free_port)
+  dir="$state_dir/redis"
+  rm -rf "$dir" && mkdir -p "$dir"
+  redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no \
+    --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+  for _ in $(seq 1 100); do
+    if redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; then
+      export IDEMSTREAM_TEST_REDIS="127.0.0.1:$port"
+      echo "redis-server $(redis-server --version | awk '{print $3}') on $IDEMSTREAM_TEST_REDIS" >&2
+      started_redis_pidfile="$dir/redis.pid"
+      return
+    fi
+    sleep 0.1
+  done
+  echo "redis-server did not answer on port $port; its log:" >&2
+  cat "$dir/redis.log" >&2
+  return 1
+}
+
+stop_redis() {
+  if [ -n "${started_redis_pidfile:-}" ] && [ -f "$started_redis_pidfile" ]; then
+    kill "$(cat "$started_redis_pidfile")" 2>/dev/null || true
+    rm -f "$started_redis_pidfile"
+  fi
+}
+
+# servers_start [names...]: start the named servers (default: all).
+servers_start() {
+  local names=("$@")
+  [ ${#names[@]} -eq 0 ] && names=(redis)
+  for name in "${names[@]}"; do
+    "start_$name"
+  done
+}
+
+servers_stop() {
+  stop_redis
+}

@@ -1,0 +1,159 @@
+package schemas
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Config is a validated configuration file.
+type Config struct {
+	Kafka     Kafka      `json:"kafka"`
+	Store     Store      `json:"store"`
+	Metrics   Metrics    `json:"metrics"`
+	Pipelines []Pipeline `json:"pipelines"`
+
+	// Dir is the directory of the file, against which relative paths
+	// (schema files, TLS files) are resolved.
+	Dir string `json:"-"`
+}
+
+// Kafka is how to reach the brokers.
+type Kafka struct {
+	Brokers  []string `json:"brokers"`
+	Group    string   `json:"group"`
+	ClientID string   `json:"client_id,omitempty"`
+	TLS      *TLS     `json:"tls,omitempty"`
+	SASL     *SASL    `json:"sasl,omitempty"`
+}
+
+// TLS configures encrypted connections to the brokers.
+type TLS struct {
+	Enabled    bool   `json:"enabled,omitempty"`
+	CAFile     string `json:"ca_file,omitempty"`
+	CertFile   string `json:"cert_file,omitempty"`
+	KeyFile    string `json:"key_file,omitempty"`
+	ServerName string `json:"server_name,omitempty"`
+}
+
+// SASL configures broker authentication. The password is read from the
+// environment variable PasswordEnv so that it never sits in the file.
+type SASL struct {
+	Mechanism   string `json:"mechanism"`
+	Username    string `json:"username"`
+	PasswordEnv string `json:"password_env"`
+}
+
+// Store selects where per-key state lives.
+type Store struct {
+	Kind  string `json:"kind"`
+	Redis Redis  `json:"redis"`
+}
+
+// Redis configures the Redis store: a URL for one node, or Addrs for a
+// cluster (or, with MasterName, Sentinel).
+type Redis struct {
+	URL         string   `json:"url,omitempty"`
+	Addrs       []string `json:"addrs,omitempty"`
+	MasterName  string   `json:"master_name,omitempty"`
+	Username    string   `json:"username,omitempty"`
+	PasswordEnv string   `json:"password_env,omitempty"`
+	TLS         bool     `json:"tls,omitempty"`
+	Prefix      string   `json:"prefix"`
+}
+
+// Metrics configures the HTTP endpoint of /metrics, /healthz and /readyz.
+type Metrics struct {
+	Addr string `json:"addr"`
+}
+
+// Pipeline is one input topic with its policy and its output topics.
+type Pipeline struct {
+	Name                   string    `json:"name"`
+	Group                  string    `json:"group,omitempty"`
+	Input                  string    `json:"input"`
+	Output                 string    `json:"output"`
+	DLQ                    string    `json:"dlq"`
+	Replies                string    `json:"replies,omitempty"`
+	Key                    KeyConfig `json:"key"`
+	Semantics              string    `json:"semantics"`
+	Window                 Duration  `json:"window"`
+	Clock                  string    `json:"clock"`
+	Volatile               []string  `json:"volatile"`
+	Unordered              []string  `json:"unordered"`
+	Payload                string    `json:"payload"`
+	Schema                 string    `json:"schema,omitempty"`
+	MaxPayloadBytes        int       `json:"max_payload_bytes"`
+	PendingTimeout         Duration  `json:"pending_timeout"`
+	FailedTTL              Duration  `json:"failed_ttl"`
+	ClientMaxRetryInterval Duration  `json:"client_max_retry_interval"`
+}
+
+// KeyConfig says where the idempotency key is read and what it looks like.
+type KeyConfig struct {
+	From      string `json:"from"`
+	Name      string `json:"name"`
+	Format    string `json:"format"`
+	MaxLength int    `json:"max_length"`
+}
+
+// ConsumerGroup is the group the pipeline consumes as: its own group:
+// setting, or <kafka.group>.<pipeline name>, which is where operators and
+// lag monitors look for it.
+func (c *Config) ConsumerGroup(p Pipeline) string {
+	if p.Group != "" {
+		return p.Group
+	}
+	return c.Kafka.Group + "." + p.Name
+}
+
+// Pipeline returns the pipeline called name.
+func (c *Config) Pipeline(name string) (Pipeline, error) {
+	names := make([]string, 0, len(c.Pipelines))
+	for _, p := range c.Pipelines {
+		if p.Name == name {
+			return p, nil
+		}
+		names = append(names, p.Name)
+	}
+	return Pipeline{}, fmt.Errorf("no pipeline %q in the config (it has: %s)", name, strings.Join(names, ", "))
+}
+
+// Duration is a time.Duration written as a Go duration string ("10m").
+type Duration time.Duration
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+func (d Duration) String() string { return formatDuration(time.Duration(d)) }
+
+// MarshalJSON writes the duration the way it is configured.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// UnmarshalJSON reads a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration such as \"10m\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (use 500ms, 30s, 10m, 1h)", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// formatDuration prints 10m rather than 10m0s: it appears in contracts that
+// people read.
+func formatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}

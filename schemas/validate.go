@@ -1,0 +1,241 @@
+package schemas
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/idemstream/idemstream/dedupe"
+)
+
+// Defaults of the fields SPEC "Configuration" shows.
+const (
+	DefaultGroup           = "idemstream"
+	DefaultRedisURL        = "redis://localhost:6379/0"
+	DefaultRedisPrefix     = "idem"
+	DefaultMetricsAddr     = ":9464"
+	DefaultKeyHeader       = "Idempotency-Key"
+	DefaultKeyMaxLength    = 128
+	DefaultMaxPayloadBytes = 1 << 20
+	DefaultPendingTimeout  = 30 * time.Second
+	// DefaultClientMaxRetryInterval is the article's longest client retry
+	// interval: three tries with exponential backoff, at most 30 s.
+	DefaultClientMaxRetryInterval = 30 * time.Second
+)
+
+// DefaultBrokers is where a local broker listens.
+var DefaultBrokers = []string{"localhost:9092"}
+
+func (c *Config) applyDefaults() {
+	if len(c.Kafka.Brokers) == 0 {
+		c.Kafka.Brokers = DefaultBrokers
+	}
+	if c.Kafka.Group == "" {
+		c.Kafka.Group = DefaultGroup
+	}
+	if c.Store.Kind == "" {
+		c.Store.Kind = "redis"
+	}
+	if c.Store.Redis.URL == "" && len(c.Store.Redis.Addrs) == 0 {
+		c.Store.Redis.URL = DefaultRedisURL
+	}
+	if c.Store.Redis.Prefix == "" {
+		c.Store.Redis.Prefix = DefaultRedisPrefix
+	}
+	if c.Metrics.Addr == "" {
+		c.Metrics.Addr = DefaultMetricsAddr
+	}
+	for i := range c.Pipelines {
+		p := &c.Pipelines[i]
+		if p.Key.From == "" {
+			p.Key.From = string(dedupe.KeyFromHeader)
+		}
+		if p.Key.Name == "" && p.Key.From == string(dedupe.KeyFromHeader) {
+			p.Key.Name = DefaultKeyHeader
+		}
+		if p.Key.Format == "" {
+			p.Key.Format = "uuid"
+		}
+		if p.Key.MaxLength == 0 {
+			p.Key.MaxLength = DefaultKeyMaxLength
+		}
+		if p.Semantics == "" {
+			p.Semantics = string(dedupe.Strict)
+		}
+		if p.Window == 0 {
+			p.Window = Duration(dedupe.Semantics(p.Semantics).DefaultWindow())
+		}
+		if p.Clock == "" {
+			p.Clock = string(dedupe.ClockStore)
+		}
+		if p.Payload == "" {
+			p.Payload = string(dedupe.PayloadJSON)
+		}
+		if p.MaxPayloadBytes == 0 {
+			p.MaxPayloadBytes = DefaultMaxPayloadBytes
+		}
+		if p.PendingTimeout == 0 {
+			p.PendingTimeout = Duration(DefaultPendingTimeout)
+		}
+		if p.FailedTTL == 0 {
+			// The article: FAILED TTL = the window, so that a client
+			// can reuse the key once the window is over.
+			p.FailedTTL = p.Window
+		}
+		if p.ClientMaxRetryInterval == 0 {
+			p.ClientMaxRetryInterval = Duration(DefaultClientMaxRetryInterval)
+		}
+	}
+}
+
+// validate checks what a schema cannot: relations between fields, and
+// values that need a parser (pointers, regular expressions, files).
+func (c *Config) validate() error {
+	if c.Store.Kind == "redis" && c.Store.Redis.MasterName != "" && len(c.Store.Redis.Addrs) == 0 {
+		return fieldErr("store.redis.master_name", "Sentinel needs store.redis.addrs (the sentinels)")
+	}
+	if c.Store.Redis.URL != "" && len(c.Store.Redis.Addrs) > 0 {
+		return fieldErr("store.redis.addrs", "give either store.redis.url or store.redis.addrs, not both")
+	}
+	names := map[string]int{}
+	groups := map[string]int{}
+	for i, p := range c.Pipelines {
+		at := func(field string) string { return fmt.Sprintf("pipelines[%d].%s", i, field) }
+		if j, dup := names[p.Name]; dup {
+			return fieldErr(at("name"), "%q is already the name of pipelines[%d]", p.Name, j)
+		}
+		names[p.Name] = i
+		group := c.ConsumerGroup(p)
+		if j, dup := groups[group]; dup {
+			return fieldErr(at("group"), "consumer group %q is already used by pipelines[%d]: two pipelines in one group would steal each other's partitions", group, j)
+		}
+		groups[group] = i
+		for _, t := range []struct{ field, topic string }{{"output", p.Output}, {"dlq", p.DLQ}, {"replies", p.Replies}} {
+			if t.topic == p.Input {
+				return fieldErr(at(t.field), "%q is also the input topic: idemstream would consume its own records", t.topic)
+			}
+		}
+		if p.DLQ == p.Output {
+			return fieldErr(at("dlq"), "%q is also the output topic: dead letters would pass for results", p.DLQ)
+		}
+		if p.Replies != "" && (p.Replies == p.Output || p.Replies == p.DLQ) {
+			return fieldErr(at("replies"), "%q must differ from the output and dlq topics", p.Replies)
+		}
+		if (p.Key.From == string(dedupe.KeyFromHeader) || p.Key.From == string(dedupe.KeyFromField)) && p.Key.Name == "" {
+			return fieldErr(at("key.name"), "required when key.from is %s", p.Key.From)
+		}
+		if p.Key.From == string(dedupe.KeyFromField) {
+			ptr, err := dedupe.ParsePointer(p.Key.Name)
+			if err != nil {
+				return fieldErr(at("key.name"), "%v", err)
+			}
+			if slices.Contains(ptr.Tokens(), "*") {
+				return fieldErr(at("key.name"), "%s: a key field must name one value, not a * wildcard", p.Key.Name)
+			}
+			if p.Payload == string(dedupe.PayloadRaw) {
+				return fieldErr(at("key.from"), "field keys need payload: json (a raw payload has no fields)")
+			}
+		}
+		if _, err := dedupe.ParseKeyFormat(p.Key.Format); err != nil {
+			return fieldErr(at("key.format"), "%v", err)
+		}
+		if p.Payload == string(dedupe.PayloadRaw) {
+			switch {
+			case len(p.Volatile) > 0:
+				return fieldErr(at("volatile"), "a raw payload is hashed byte for byte: volatile paths would be ignored")
+			case len(p.Unordered) > 0:
+				return fieldErr(at("unordered"), "a raw payload is hashed byte for byte: unordered paths would be ignored")
+			case p.Schema != "":
+				return fieldErr(at("schema"), "a JSON Schema needs payload: json")
+			}
+		}
+		for field, d := range map[string]Duration{"window": p.Window, "pending_timeout": p.PendingTimeout, "failed_ttl": p.FailedTTL, "client_max_retry_interval": p.ClientMaxRetryInterval} {
+			if d <= 0 {
+				return fieldErr(at(field), "must be longer than zero")
+			}
+		}
+		// The article's second pitfall: a window shorter than the client's
+		// retry interval turns a late retry into a second charge.
+		if minWindow := p.ClientMaxRetryInterval.D() * 3 / 2; p.Window.D() < minWindow {
+			return fieldErr(at("window"), "%s is shorter than 1.5 × client_max_retry_interval (%s) = %s: a late client retry would count as a new request",
+				p.Window, p.ClientMaxRetryInterval, formatDuration(minWindow))
+		}
+		if _, err := dedupe.NewCanonicalizer(p.rules()); err != nil {
+			return fieldErr(at(pointerField(err)), "%v", err)
+		}
+		if p.Schema != "" {
+			if _, err := compilePayloadSchema(c.resolve(p.Schema)); err != nil {
+				return fieldErr(at("schema"), "%v", err)
+			}
+		}
+	}
+	return nil
+}
+
+func pointerField(err error) string {
+	if s := err.Error(); len(s) >= 9 && s[:9] == "unordered" {
+		return "unordered"
+	}
+	return "volatile"
+}
+
+func (c *Config) resolve(path string) string {
+	if path == "" || filepath.IsAbs(path) || c.Dir == "" {
+		return path
+	}
+	return filepath.Join(c.Dir, path)
+}
+
+func (p Pipeline) rules() dedupe.CanonicalRules {
+	return dedupe.CanonicalRules{
+		Payload:   dedupe.PayloadFormat(p.Payload),
+		Volatile:  p.Volatile,
+		Unordered: p.Unordered,
+	}
+}
+
+// Policy builds the decision policy of a pipeline of this config.
+func (c *Config) Policy(p Pipeline) (dedupe.Policy, error) {
+	format, err := dedupe.ParseKeyFormat(p.Key.Format)
+	if err != nil {
+		return dedupe.Policy{}, err
+	}
+	pol := dedupe.Policy{
+		Pipeline: p.Name,
+		Key: dedupe.KeySpec{
+			From:      dedupe.KeySource(p.Key.From),
+			Name:      p.Key.Name,
+			Format:    format,
+			MaxLength: p.Key.MaxLength,
+		},
+		Semantics:       dedupe.Semantics(p.Semantics),
+		Window:          p.Window.D(),
+		Clock:           dedupe.Clock(p.Clock),
+		Rules:           p.rules(),
+		MaxPayloadBytes: p.MaxPayloadBytes,
+		PendingTimeout:  p.PendingTimeout.D(),
+		FailedTTL:       p.FailedTTL.D(),
+	}
+	if p.Schema != "" {
+		v, err := compilePayloadSchema(c.resolve(p.Schema))
+		if err != nil {
+			return dedupe.Policy{}, fmt.Errorf("pipeline %q: schema: %w", p.Name, err)
+		}
+		pol.Schema = v
+	}
+	return pol, nil
+}
+
+// fileExists keeps the schema error about the file, not about a URL.
+func fileExists(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("cannot read %s", path)
+	}
+	if st.IsDir() {
+		return fmt.Errorf("%s is a directory", path)
+	}
+	return nil
+}
