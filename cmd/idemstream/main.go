@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemstream/idemstream/schemas"
 )
 
@@ -21,7 +23,14 @@ const (
 	exitUsage   = 2
 )
 
+// quietRedis drops go-redis's own log lines (one per failed dial): every
+// failure reaches the caller as an error, which idemstream reports once.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
 func main() {
+	redis.SetLogger(quietRedis{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
 	stop()

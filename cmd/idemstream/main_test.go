@@ -6,8 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/dedupe/redisstore"
+	"github.com/idemstream/idemstream/internal/testenv"
 )
 
 const exampleConfig = "../../deploy/examples/idemstream.yaml"
@@ -195,5 +201,51 @@ func TestEnvironmentConfig(t *testing.T) {
 	code := run(context.Background(), []string{"contract"}, strings.NewReader(""), &out, &errOut, func(k string) string { return env[k] })
 	if code != 0 || !strings.Contains(out.String(), "`ops.coupon-claim`") {
 		t.Errorf("IDEMSTREAM_* variables ignored: %d %s", code, errOut.String())
+	}
+}
+
+func TestInspectRealRedis(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	dir := t.TempDir()
+	prefix := "inspect" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	cfg := writeFile(t, dir, "c.yaml", "store: {kind: redis, redis: {url: 'redis://"+addr+"/0', prefix: "+prefix+"}}\n"+
+		"pipelines:\n  - {name: coupon-claim, input: in, output: out, dlq: dlq}\n")
+	key := "9f8a2c1d-3e4f-4a5b-8c6d-7e8f9a0b1c2d"
+
+	r := runCLI(t, "", "inspect", "--config", cfg, key)
+	if r.code != 0 || !strings.Contains(r.stdout, "no entry for key "+key) {
+		t.Fatalf("inspect of an unseen key: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+
+	c, err := redisstore.NewClient(redisstore.Options{URL: "redis://" + addr + "/0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	store := redisstore.New(c, prefix)
+	req := dedupe.DecideRequest{Namespace: "coupon-claim", Key: key, Fingerprint: "sha256:abc", RulesDigest: "sha256:r",
+		Semantics: dedupe.Strict, Window: 10 * time.Minute, Lease: 30 * time.Second,
+		Owner: dedupe.Owner{Holder: "host-1/in/0", Source: "in/0/7"}, Intent: dedupe.Intent{Partition: 2, Floor: 40}}
+	if _, err := store.Decide(context.Background(), []dedupe.DecideRequest{req}); err != nil {
+		t.Fatal(err)
+	}
+	r = runCLI(t, "", "inspect", "--config", cfg, "--pipeline", "coupon-claim", strings.ToUpper(key))
+	if r.code != 0 {
+		t.Fatalf("inspect: %d %s", r.code, r.stderr)
+	}
+	for _, want := range []string{"state:        PENDING", "fingerprint:  sha256:abc", "owner:        host-1/in/0@in/0/7",
+		"intent:       partition 2 offset 40", "lease left:   ", "window left:  9m5", "first source: in/0/7"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("inspect output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+func TestInspectStoreDown(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "c.yaml", "store: {redis: {url: 'redis://127.0.0.1:1/0'}}\npipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n")
+	r := runCLI(t, "", "inspect", "--config", cfg, "k")
+	if r.code != 1 || !strings.Contains(r.stderr, "store unavailable") {
+		t.Errorf("inspect with Redis down: %d %q; want exit 1 naming the store", r.code, r.stderr)
 	}
 }

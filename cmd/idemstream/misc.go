@@ -51,16 +51,3 @@ func cmdDemo(_ context.Context, e *env, args []string) error {
 	}
 	return fmt.Errorf("the embedded-broker demo is %w; meanwhile try 'idemstream hash' and 'idemstream diff' on deploy/examples/", errNotBuilt)
 }
-
-func cmdInspect(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "inspect", "--config FILE --pipeline NAME KEY")
-	cf := addConfigFlags(fs, true)
-	fs.String("pipeline", "", "pipeline of the key")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if _, err := cf.load(e); err != nil {
-		return err
-	}
-	return fmt.Errorf("reading a key needs the Redis store, which is %w", errNotBuilt)
-}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/dedupe/memstore"
+	"github.com/idemstream/idemstream/dedupe/redisstore"
+	"github.com/idemstream/idemstream/schemas"
+)
+
+// openStore builds the configured store. The returned close releases its
+// connections; main calls it last, after everything that uses the store.
+func openStore(cfg *schemas.Config, getenv func(string) string) (dedupe.Store, func() error, error) {
+	switch cfg.Store.Kind {
+	case "memory":
+		return memstore.New(), func() error { return nil }, nil
+	case "redis":
+		r := cfg.Store.Redis
+		opts := redisstore.Options{URL: r.URL, Addrs: r.Addrs, MasterName: r.MasterName, Username: r.Username, TLS: r.TLS}
+		if r.PasswordEnv != "" {
+			opts.Password = getenv(r.PasswordEnv)
+			if opts.Password == "" {
+				return nil, nil, &schemas.FieldError{Field: "store.redis.password_env", Msg: fmt.Sprintf("environment variable %s is empty", r.PasswordEnv)}
+			}
+		}
+		client, err := redisstore.NewClient(opts)
+		if err != nil {
+			return nil, nil, &schemas.FieldError{Field: "store.redis", Msg: err.Error()}
+		}
+		return redisstore.New(client, r.Prefix), client.Close, nil
+	}
+	return nil, nil, &schemas.FieldError{Field: "store.kind", Msg: fmt.Sprintf("unknown store %q", cfg.Store.Kind)}
+}
+
+func cmdInspect(ctx context.Context, e *env, args []string) (err error) {
+	fs := newFlags(e, "inspect", "--config FILE --pipeline NAME KEY")
+	cf := addConfigFlags(fs, true)
+	pipeline := fs.String("pipeline", "", "pipeline of the key (optional when the config has one)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return usagef("inspect takes one idempotency key, got %d arguments", fs.NArg())
+	}
+	cfg, err := cf.load(e)
+	if err != nil {
+		return err
+	}
+	name := *pipeline
+	if name == "" {
+		if len(cfg.Pipelines) != 1 {
+			return usagef("--pipeline NAME is required: the config has %d pipelines", len(cfg.Pipelines))
+		}
+		name = cfg.Pipelines[0].Name
+	}
+	p, err := cfg.Pipeline(name)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	if cfg.Store.Kind == "memory" {
+		return usagef("store.kind is memory: the state lives inside the running process and cannot be inspected from outside")
+	}
+	format, err := dedupe.ParseKeyFormat(p.Key.Format)
+	if err != nil {
+		return err
+	}
+	key, err := format.Normalize(fs.Arg(0))
+	if err != nil {
+		return usagef("%v", err)
+	}
+	store, closeStore, err := openStore(cfg, e.getenv)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, closeStore()) }()
+	entry, found, err := store.Lookup(ctx, p.Name, key)
+	if err != nil {
+		return err
+	}
+	if !found {
+		fmt.Fprintf(e.stdout, "no entry for key %s in pipeline %s: never seen, or its window (or failed_ttl) is over; the next record with it is decided first\n", key, p.Name)
+		return nil
+	}
+	printEntry(e, entry)
+	return nil
+}
+
+func printEntry(e *env, en dedupe.Entry) {
+	left := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		d := t.Sub(en.Now)
+		if d <= 0 {
+			return "expired " + (-d).Round(time.Millisecond).String() + " ago"
+		}
+		return d.Round(time.Millisecond).String()
+	}
+	pos := func(p int32, o int64) string {
+		if o == dedupe.NoPosition {
+			return "-"
+		}
+		return fmt.Sprintf("partition %d offset %d", p, o)
+	}
+	fmt.Fprintf(e.stdout, "key:          %s\n", en.Key)
+	fmt.Fprintf(e.stdout, "state:        %s\n", en.State)
+	fmt.Fprintf(e.stdout, "fingerprint:  %s\n", en.Fingerprint)
+	fmt.Fprintf(e.stdout, "rules:        %s\n", en.RulesDigest)
+	fmt.Fprintf(e.stdout, "first source: %s\n", en.FirstSource)
+	fmt.Fprintf(e.stdout, "owner:        %s\n", en.Owner.Token())
+	fmt.Fprintf(e.stdout, "intent:       %s\n", pos(en.Intent.Partition, en.Intent.Floor))
+	fmt.Fprintf(e.stdout, "result:       %s\n", pos(en.Result.Partition, en.Result.Offset))
+	if en.State == dedupe.Pending {
+		fmt.Fprintf(e.stdout, "lease left:   %s\n", left(en.LeaseUntil))
+	}
+	label := "window left: "
+	if en.State == dedupe.Failed {
+		label = "failed left: "
+	}
+	fmt.Fprintf(e.stdout, "%s %s\n", label, left(en.ExpiresAt))
+}
