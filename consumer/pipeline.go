@@ -1,0 +1,290 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/sinks"
+)
+
+// Broker is what a pipeline needs from Kafka besides group membership:
+// reading partitions, writing records with their offsets handed back, and
+// end offsets. sinks.Kafka implements it; tests substitute writers that
+// fail after sending.
+type Broker interface {
+	Fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration) ([]sinks.Fetched, int64, error)
+	Write(ctx context.Context, msgs []sinks.Message) ([]sinks.Written, error)
+	EndOffsets(ctx context.Context, topic string, partitions []int) (map[int]int64, error)
+	Partitions(ctx context.Context, topic string) (int, error)
+}
+
+// Committer commits the next offset to read of a partition of the input.
+// *kafka.Generation implements it (CommitOffsets).
+type Committer interface {
+	CommitOffsets(offsets map[string]map[int]int64) error
+}
+
+// Config configures one pipeline.
+type Config struct {
+	Name    string
+	Input   string
+	Output  string
+	DLQ     string
+	Replies string
+	// Group is the consumer group; Brokers and Dialer reach the cluster.
+	Group   string
+	Brokers []string
+	Dialer  *kafka.Dialer
+
+	Decider *dedupe.Decider
+	Store   dedupe.Store
+	Broker  Broker
+	Handler Handler // nil: Forward
+	Metrics *Metrics
+	Logger  *slog.Logger
+
+	// Instance names this process in owner tokens (host, pid, a nonce).
+	Instance string
+	// BatchSize bounds the records decided together (default 500).
+	BatchSize int
+	// MaxWait is the long-poll time of a fetch (default 250ms).
+	MaxWait time.Duration
+	// SettleWait is how long a write whose outcome is unknown may take to
+	// become visible before the output partition is scanned for it
+	// (replica.lag.time.max.ms on a replicated topic; default 30s).
+	SettleWait time.Duration
+	// SessionTimeout of the group membership (default 10s).
+	SessionTimeout time.Duration
+}
+
+// Pipeline consumes one input topic as one consumer group member.
+type Pipeline struct {
+	cfg       Config
+	canon     *dedupe.Canonicalizer
+	policy    dedupe.Policy
+	forwarded bool
+	log       *slog.Logger
+
+	joined     atomic.Bool
+	pausedN    atomic.Int32
+	generation atomic.Int32
+
+	lastBurst atomic.Int64
+}
+
+// New checks the configuration. It starts nothing: Run does.
+func New(cfg Config) (*Pipeline, error) {
+	switch {
+	case cfg.Name == "" || cfg.Input == "" || cfg.Output == "" || cfg.DLQ == "":
+		return nil, errors.New("consumer: name, input, output and dlq are required")
+	case cfg.Decider == nil || cfg.Store == nil || cfg.Broker == nil:
+		return nil, errors.New("consumer: decider, store and broker are required")
+	}
+	if cfg.Handler == nil {
+		cfg.Handler = Forward
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 500
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = 250 * time.Millisecond
+	}
+	if cfg.SettleWait <= 0 {
+		cfg.SettleWait = 30 * time.Second
+	}
+	if cfg.SessionTimeout <= 0 {
+		cfg.SessionTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Instance == "" {
+		cfg.Instance = "idemstream"
+	}
+	p := &Pipeline{
+		cfg:    cfg,
+		canon:  cfg.Decider.Canonicalizer(),
+		policy: cfg.Decider.Policy(),
+		log:    cfg.Logger.With("pipeline", cfg.Name),
+	}
+	// With the forwarding handler a stored result is the first command,
+	// which lets a conflict's dead letter name the differing fields.
+	_, p.forwarded = cfg.Handler.(forwardHandler)
+	if cfg.Metrics != nil {
+		reasons := []string{}
+		for _, r := range []dedupe.Reason{dedupe.ReasonConflict, dedupe.ReasonMissingKey, dedupe.ReasonInvalidKey,
+			dedupe.ReasonMalformedPayload, dedupe.ReasonPayloadTooLarge, dedupe.ReasonInvalidSchema, dedupe.ReasonHandlerFailed} {
+			reasons = append(reasons, string(r))
+		}
+		cfg.Metrics.initPipeline(cfg.Name, reasons)
+	}
+	return p, nil
+}
+
+// Ready reports whether the pipeline is a member of its group and not
+// paused by an unreachable store or broker.
+func (p *Pipeline) Ready() bool { return p.joined.Load() && p.pausedN.Load() == 0 }
+
+// Name is the pipeline's name.
+func (p *Pipeline) Name() string { return p.cfg.Name }
+
+// Run joins the group and processes assignments until ctx ends. It returns
+// nil after a clean shutdown: every partition stopped, nothing committed
+// that is not durable, the group left.
+func (p *Pipeline) Run(ctx context.Context) error {
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                    p.cfg.Group,
+		Brokers:               p.cfg.Brokers,
+		Dialer:                p.cfg.Dialer,
+		Topics:                []string{p.cfg.Input},
+		StartOffset:           kafka.FirstOffset,
+		HeartbeatInterval:     p.cfg.SessionTimeout / 5,
+		SessionTimeout:        p.cfg.SessionTimeout,
+		RebalanceTimeout:      p.cfg.SessionTimeout,
+		JoinGroupBackoff:      500 * time.Millisecond,
+		WatchPartitionChanges: true,
+		ErrorLogger:           kafka.LoggerFunc(func(f string, a ...any) { p.log.Debug("kafka-go: " + fmt.Sprintf(f, a...)) }),
+	})
+	if err != nil {
+		return fmt.Errorf("pipeline %s: consumer group: %w", p.cfg.Name, err)
+	}
+	defer cg.Close()
+	for {
+		gen, err := cg.Next(ctx)
+		if ctx.Err() != nil {
+			p.joined.Store(false)
+			return nil
+		}
+		if err != nil {
+			p.joined.Store(false)
+			p.log.Warn("joining the group failed; retrying", "group", p.cfg.Group, "err", err)
+			if err := sleep(ctx, time.Second); err != nil {
+				return nil
+			}
+			continue
+		}
+		p.generation.Store(gen.ID)
+		p.joined.Store(true)
+		assigned := gen.Assignments[p.cfg.Input]
+		parts := make([]int, len(assigned))
+		for i, a := range assigned {
+			parts[i] = a.ID
+		}
+		p.log.Info("rebalance: generation joined", "group", p.cfg.Group, "generation", gen.ID, "partitions", parts)
+		if m := p.cfg.Metrics; m != nil {
+			m.Rebalances.WithLabelValues(p.cfg.Name).Inc()
+			m.Lag.DeletePartialMatch(map[string]string{"pipeline": p.cfg.Name})
+		}
+		for _, a := range assigned {
+			gen.Start(func(gctx context.Context) {
+				p.runPartition(gctx, gen, gen.ID, a.ID, a.Offset)
+			})
+		}
+	}
+}
+
+// runPartition processes one assigned partition until its generation ends.
+func (p *Pipeline) runPartition(ctx context.Context, commit Committer, genID int32, partition int, offset int64) {
+	holder := p.cfg.Instance + "/g" + strconv.Itoa(int(genID)) + "/" + p.cfg.Input + "/" + strconv.Itoa(partition)
+	log := p.log.With("partition", partition)
+	pz := &pauser{p: p, log: log}
+	defer pz.done()
+	for ctx.Err() == nil {
+		recs, hw, err := p.cfg.Broker.Fetch(ctx, p.cfg.Input, partition, offset, p.cfg.MaxWait)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, kafka.OffsetOutOfRange) {
+				log.Warn("committed offset out of range; starting from the earliest record", "offset", offset)
+				offset = kafka.FirstOffset
+				continue
+			}
+			pz.pause(ctx, "fetch", err)
+			continue
+		}
+		pz.resume()
+		p.setLag(partition, hw, offset, recs)
+		for start := 0; start < len(recs); start += p.cfg.BatchSize {
+			batch := recs[start:min(start+p.cfg.BatchSize, len(recs))]
+			if err := p.processBatch(ctx, pz, holder, batch); err != nil {
+				if ctx.Err() == nil {
+					log.Warn("batch dropped without commit; its records will be delivered again", "err", err)
+				}
+				return
+			}
+			next := batch[len(batch)-1].Offset + 1
+			if err := commit.CommitOffsets(map[string]map[int]int64{p.cfg.Input: {partition: next}}); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				// A lost commit costs replays, never results: the store
+				// decides redelivered records.
+				log.Warn("offset commit failed; records may be delivered again", "offset", next, "err", err)
+			}
+			offset = next
+			p.setLag(partition, hw, offset, nil)
+		}
+	}
+}
+
+func (p *Pipeline) setLag(partition int, hw, offset int64, _ []sinks.Fetched) {
+	if p.cfg.Metrics == nil || offset < 0 {
+		return
+	}
+	lag := max(hw-offset, 0)
+	p.cfg.Metrics.Lag.WithLabelValues(p.cfg.Name, strconv.Itoa(partition)).Set(float64(lag))
+}
+
+// pauser tracks one partition's pause: while its store or broker calls
+// fail, the pipeline reports not ready, and nothing is decided, written or
+// committed. One log line when it pauses, one when it resumes.
+type pauser struct {
+	p      *Pipeline
+	log    *slog.Logger
+	paused bool
+	since  time.Time
+}
+
+func (z *pauser) pause(ctx context.Context, what string, err error) {
+	if !z.paused {
+		z.paused, z.since = true, time.Now()
+		z.p.pausedN.Add(1)
+		z.log.Warn("paused: "+what+" failed; nothing is decided or committed until it answers", "err", err)
+	}
+	_ = sleep(ctx, 500*time.Millisecond)
+}
+
+func (z *pauser) resume() {
+	if z.paused {
+		z.paused = false
+		z.p.pausedN.Add(-1)
+		z.log.Info("resumed", "paused_for", time.Since(z.since).Round(time.Millisecond))
+	}
+}
+
+func (z *pauser) done() {
+	if z.paused {
+		z.paused = false
+		z.p.pausedN.Add(-1)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
