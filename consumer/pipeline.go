@@ -236,9 +236,18 @@ func (p *Pipeline) runPartition(ctx context.Context, commit Committer, genID int
 	}
 }
 
-func (p *Pipeline) setLag(partition int, hw, offset int64, _ []sinks.Fetched) {
-	if p.cfg.Metrics == nil || offset < 0 {
+func (p *Pipeline) setLag(partition int, hw, offset int64, recs []sinks.Fetched) {
+	if p.cfg.Metrics == nil {
 		return
+	}
+	if offset < 0 {
+		// No committed offset yet: the lag runs from the first record
+		// fetched, and an empty fetch from the start means nothing to read.
+		if len(recs) == 0 {
+			offset = hw
+		} else {
+			offset = recs[0].Offset
+		}
 	}
 	lag := max(hw-offset, 0)
 	p.cfg.Metrics.Lag.WithLabelValues(p.cfg.Name, strconv.Itoa(partition)).Set(float64(lag))

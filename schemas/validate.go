@@ -166,7 +166,7 @@ func (c *Config) validate() error {
 			return fieldErr(at(pointerField(err)), "%v", err)
 		}
 		if p.Schema != "" {
-			if _, err := compilePayloadSchema(c.resolve(p.Schema)); err != nil {
+			if _, err := compilePayloadSchema(c.Resolve(p.Schema)); err != nil {
 				return fieldErr(at("schema"), "%v", err)
 			}
 		}
@@ -181,7 +181,9 @@ func pointerField(err error) string {
 	return "volatile"
 }
 
-func (c *Config) resolve(path string) string {
+// Resolve makes a path of the file (schema, TLS files) relative to the
+// file's directory.
+func (c *Config) Resolve(path string) string {
 	if path == "" || filepath.IsAbs(path) || c.Dir == "" {
 		return path
 	}
@@ -219,7 +221,7 @@ func (c *Config) Policy(p Pipeline) (dedupe.Policy, error) {
 		FailedTTL:       p.FailedTTL.D(),
 	}
 	if p.Schema != "" {
-		v, err := compilePayloadSchema(c.resolve(p.Schema))
+		v, err := compilePayloadSchema(c.Resolve(p.Schema))
 		if err != nil {
 			return dedupe.Policy{}, fmt.Errorf("pipeline %q: schema: %w", p.Name, err)
 		}

@@ -180,7 +180,7 @@ func TestContractCommand(t *testing.T) {
 }
 
 func TestCommandsNotBuiltSayIt(t *testing.T) {
-	for _, args := range [][]string{{"run", "--config", exampleConfig}, {"demo"}} {
+	for _, args := range [][]string{{"demo"}} {
 		r := runCLI(t, "", args...)
 		if r.code != 1 || !strings.Contains(r.stderr, "not available") {
 			t.Errorf("%v: exit %d stderr %q; want 1 and a plain statement", args, r.code, r.stderr)

@@ -32,18 +32,6 @@ func cmdVersion(_ context.Context, e *env, args []string) error {
 // build, instead of pretending to work.
 var errNotBuilt = errors.New("not available in this build yet")
 
-func cmdRun(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "run", "--config FILE")
-	cf := addConfigFlags(fs, true)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if _, err := cf.load(e); err != nil {
-		return err
-	}
-	return fmt.Errorf("the configuration is valid, but the Kafka consumer runtime is %w", errNotBuilt)
-}
-
 func cmdDemo(_ context.Context, e *env, args []string) error {
 	fs := newFlags(e, "demo", "")
 	if err := parseFlags(fs, args); err != nil {

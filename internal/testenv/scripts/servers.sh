@@ -57,15 +57,44 @@ stop_redis() {
   fi
 }
 
+# start_kafka starts a real Kafka broker (KRaft, broker+controller in one
+# JVM, on free loopback ports) with scripts/kafka.sh, from jars that Maven
+# fetches once, and exports IDEMSTREAM_TEST_KAFKA=127.0.0.1:PORT. It also
+# exports IDEMSTREAM_TESTENV_DIR, so that a test can run
+# `kafka.sh stop|kill|start|status` on the same broker (same data, same port).
+start_kafka() {
+  if [ -n "${IDEMSTREAM_TEST_KAFKA:-}" ]; then
+    echo "using the Kafka broker at $IDEMSTREAM_TEST_KAFKA" >&2
+    return
+  fi
+  local kafka_sh addr
+  kafka_sh="$(dirname "${BASH_SOURCE[0]}")/kafka.sh"
+  # Set first: stop_kafka then stops a broker that an interrupted `up` left.
+  started_kafka=1
+  addr=$(IDEMSTREAM_TESTENV_DIR="$state_dir" "$kafka_sh" up) || return 1
+  export IDEMSTREAM_TEST_KAFKA="$addr"
+  IDEMSTREAM_TESTENV_DIR=$(cd "$state_dir" && pwd)
+  export IDEMSTREAM_TESTENV_DIR
+}
+
+stop_kafka() {
+  if [ -n "${started_kafka:-}" ]; then
+    IDEMSTREAM_TESTENV_DIR="$state_dir" "$(dirname "${BASH_SOURCE[0]}")/kafka.sh" stop || true
+    started_kafka=
+    unset IDEMSTREAM_TEST_KAFKA
+  fi
+}
+
 # servers_start [names...]: start the named servers (default: all).
 servers_start() {
   local names=("$@")
-  [ ${#names[@]} -eq 0 ] && names=(redis)
+  [ ${#names[@]} -eq 0 ] && names=(redis kafka)
   for name in "${names[@]}"; do
     "start_$name"
   done
 }
 
 servers_stop() {
+  stop_kafka
   stop_redis
 }

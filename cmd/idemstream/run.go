@@ -1,0 +1,274 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/idemstream/idemstream/consumer"
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/schemas"
+	"github.com/idemstream/idemstream/sinks"
+)
+
+func cmdRun(ctx context.Context, e *env, args []string) (err error) {
+	fs := newFlags(e, "run", "--config FILE")
+	cf := addConfigFlags(fs, true)
+	logFormat := fs.String("log-format", "json", "json or text")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	settle := fs.Duration("settle-wait", 30*time.Second, "how long a write of unknown outcome may take to become visible (replica.lag.time.max.ms)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(e, *logFormat, *logLevel)
+	if err != nil {
+		return err
+	}
+	cfg, err := cf.load(e)
+	if err != nil {
+		return err
+	}
+	svc, err := buildService(cfg, e.getenv, log, *settle)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, svc.close()) }()
+	return svc.run(ctx)
+}
+
+func newLogger(e *env, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(e.stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(e.stderr, opts)), nil
+	}
+	return nil, usagef("--log-format %q: want json or text", format)
+}
+
+// service is everything `run` owns, built in order and closed in reverse.
+type service struct {
+	cfg       *schemas.Config
+	log       *slog.Logger
+	store     dedupe.Store
+	closeFn   func() error
+	client    *kafka.Client
+	registry  *prometheus.Registry
+	pipelines []*consumer.Pipeline
+	server    *http.Server
+	listener  net.Listener
+	probe     storeProbe
+}
+
+func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Logger, settle time.Duration) (*service, error) {
+	dialer, transport, err := kafkaSecurity(cfg, getenv)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := consumer.NewMetrics(reg, version)
+	if err != nil {
+		return nil, err
+	}
+	rawStore, closeStore, err := openStore(cfg, getenv)
+	if err != nil {
+		return nil, err
+	}
+	store := consumer.InstrumentStore(rawStore, metrics)
+	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
+	io := sinks.NewKafka(client)
+	instance := instanceID()
+	s := &service{cfg: cfg, log: log, store: store, closeFn: closeStore, client: client, registry: reg,
+		probe: storeProbe{store: rawStore}}
+	for _, pc := range cfg.Pipelines {
+		pol, err := cfg.Policy(pc)
+		if err != nil {
+			return nil, errors.Join(err, closeStore())
+		}
+		d, err := dedupe.NewDecider(pol, store)
+		if err != nil {
+			return nil, errors.Join(err, closeStore())
+		}
+		p, err := consumer.New(consumer.Config{
+			Name: pc.Name, Input: pc.Input, Output: pc.Output, DLQ: pc.DLQ, Replies: pc.Replies,
+			Group: cfg.ConsumerGroup(pc), Brokers: cfg.Kafka.Brokers, Dialer: dialer,
+			Decider: d, Store: store, Broker: io, Metrics: metrics, Logger: log,
+			Instance: instance, SettleWait: settle,
+		})
+		if err != nil {
+			return nil, errors.Join(err, closeStore())
+		}
+		s.pipelines = append(s.pipelines, p)
+	}
+	// Listen now, so that a taken port is a start-up error, not a log line.
+	ln, err := net.Listen("tcp", cfg.Metrics.Addr)
+	if err != nil {
+		return nil, errors.Join(&schemas.FieldError{Field: "metrics.addr", Msg: err.Error()}, closeStore())
+	}
+	s.listener = ln
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", s.readyz)
+	s.server = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return s, nil
+}
+
+// run serves metrics and runs every pipeline until ctx ends.
+func (s *service) run(ctx context.Context) error {
+	s.log.Info("starting", "version", version, "pipelines", len(s.pipelines), "metrics", s.listener.Addr().String())
+	httpDone := make(chan error, 1)
+	go func() {
+		if err := s.server.Serve(s.listener); !errors.Is(err, http.ErrServerClosed) {
+			httpDone <- err
+		}
+		close(httpDone)
+	}()
+	var wg sync.WaitGroup
+	errs := make([]error, len(s.pipelines))
+	for i, p := range s.pipelines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = p.Run(ctx)
+		}()
+	}
+	wg.Wait()
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := errors.Join(append(errs, s.server.Shutdown(shutdown))...)
+	if herr := <-httpDone; herr != nil {
+		err = errors.Join(err, herr)
+	}
+	s.log.Info("stopped")
+	return err
+}
+
+func (s *service) close() error {
+	return s.closeFn()
+}
+
+func (s *service) readyz(w http.ResponseWriter, r *http.Request) {
+	var problems []string
+	for _, p := range s.pipelines {
+		if !p.Ready() {
+			problems = append(problems, "pipeline "+p.Name()+" not joined or paused")
+		}
+	}
+	if err := s.probe.check(r.Context()); err != nil {
+		problems = append(problems, "store: "+err.Error())
+	}
+	if len(problems) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		for _, p := range problems {
+			fmt.Fprintln(w, p)
+		}
+		return
+	}
+	fmt.Fprintln(w, "ready")
+}
+
+// storeProbe asks the store a harmless question, at most once a second.
+type storeProbe struct {
+	store dedupe.Store
+	mu    sync.Mutex
+	last  time.Time
+	err   error
+}
+
+func (p *storeProbe) check(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if time.Since(p.last) < time.Second {
+		return p.err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, _, p.err = p.store.Lookup(ctx, "idemstream-readyz", "probe")
+	p.last = time.Now()
+	return p.err
+}
+
+func instanceID() string {
+	host, _ := os.Hostname()
+	var nonce [4]byte
+	_, _ = rand.Read(nonce[:])
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(nonce[:])
+}
+
+// kafkaSecurity builds the TLS and SASL settings of the config, for the
+// group's dialer and the client's transport alike.
+func kafkaSecurity(cfg *schemas.Config, getenv func(string) string) (*kafka.Dialer, *kafka.Transport, error) {
+	dialer := &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, ClientID: cfg.Kafka.ClientID}
+	transport := &kafka.Transport{ClientID: cfg.Kafka.ClientID, DialTimeout: 10 * time.Second}
+	if t := cfg.Kafka.TLS; t != nil && (t.Enabled || t.CAFile != "" || t.CertFile != "") {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+		if t.CAFile != "" {
+			pem, err := os.ReadFile(cfg.Resolve(t.CAFile))
+			if err != nil {
+				return nil, nil, &schemas.FieldError{Field: "kafka.tls.ca_file", Msg: err.Error()}
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, nil, &schemas.FieldError{Field: "kafka.tls.ca_file", Msg: "no PEM certificate in " + t.CAFile}
+			}
+			tc.RootCAs = pool
+		}
+		if t.CertFile != "" || t.KeyFile != "" {
+			cert, err := tls.LoadX509KeyPair(cfg.Resolve(t.CertFile), cfg.Resolve(t.KeyFile))
+			if err != nil {
+				return nil, nil, &schemas.FieldError{Field: "kafka.tls.cert_file", Msg: err.Error()}
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		dialer.TLS, transport.TLS = tc, tc
+	}
+	if s := cfg.Kafka.SASL; s != nil {
+		password := getenv(s.PasswordEnv)
+		if password == "" {
+			return nil, nil, &schemas.FieldError{Field: "kafka.sasl.password_env", Msg: "environment variable " + s.PasswordEnv + " is empty"}
+		}
+		var mech sasl.Mechanism
+		switch s.Mechanism {
+		case "plain":
+			mech = plain.Mechanism{Username: s.Username, Password: password}
+		case "scram-sha-256", "scram-sha-512":
+			algo := scram.SHA256
+			if s.Mechanism == "scram-sha-512" {
+				algo = scram.SHA512
+			}
+			m, err := scram.Mechanism(algo, s.Username, password)
+			if err != nil {
+				return nil, nil, &schemas.FieldError{Field: "kafka.sasl", Msg: err.Error()}
+			}
+			mech = m
+		}
+		dialer.SASLMechanism, transport.SASL = mech, mech
+	}
+	return dialer, transport, nil
+}
