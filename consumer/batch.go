@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -333,17 +334,37 @@ func (p *Pipeline) storedResult(ctx context.Context, ref dedupe.ResultRef) (sink
 	return recs[0].Message, true
 }
 
-// conflictPaths names the fields that differ from the first copy, when the
-// first copy's body is at hand: in this batch, or stored as the result of
-// the forwarding handler.
+// inputRecord reads the input record at source (topic/partition/offset).
+func (p *Pipeline) inputRecord(ctx context.Context, source string) (sinks.Message, bool) {
+	rest, ok := strings.CutPrefix(source, p.cfg.Input+"/")
+	if !ok {
+		return sinks.Message{}, false
+	}
+	part, off, ok := strings.Cut(rest, "/")
+	if !ok {
+		return sinks.Message{}, false
+	}
+	partition, err1 := strconv.Atoi(part)
+	offset, err2 := strconv.ParseInt(off, 10, 64)
+	if err1 != nil || err2 != nil {
+		return sinks.Message{}, false
+	}
+	recs, _, err := p.cfg.Broker.Fetch(ctx, p.cfg.Input, partition, offset, 10*time.Millisecond)
+	if err != nil || len(recs) == 0 || recs[0].Offset != offset {
+		return sinks.Message{}, false
+	}
+	return recs[0].Message, true
+}
+
+// conflictPaths names the fields that differ from the first copy. The
+// first copy is in this batch, or read back from the input at the source
+// the store recorded (while the topic's retention keeps it).
 func (p *Pipeline) conflictPaths(ctx context.Context, o *dedupe.Outcome, cur *dedupe.Record, recs []dedupe.Record, results []resultWork, firstIn map[string]int) []string {
 	var first []byte
 	if j, ok := firstIn[o.Key]; ok {
 		first = recs[results[j].rec].Value
-	} else if p.forwarded {
-		if msg, ok := p.storedResult(ctx, o.Decision.Entry.Result); ok {
-			first = msg.Value
-		}
+	} else if msg, ok := p.inputRecord(ctx, o.Decision.Entry.FirstSource); ok {
+		first = msg.Value
 	}
 	if first == nil {
 		return nil

@@ -1,9 +1,76 @@
-// Package consumer is the group runtime of idemstream: it joins one Kafka
-// consumer group per pipeline, fetches records in batches, has them decided
-// by the dedupe package, hands first copies to the handler, writes results,
-// replies and dead letters through the sinks package, and commits an offset
-// only once every outcome below it is durable.
+// Package consumer is the group runtime of idemstream: one kafka-go
+// consumer group member per pipeline ([Pipeline.Run]), partitions processed
+// in parallel and each in order, records fetched in batches, decided by the
+// dedupe package, handed to the [Handler] once per key per window, written
+// by the sinks package, and committed only once every outcome below the
+// committed offset is durable.
 //
-// This version of the package holds no runtime yet: `idemstream run`
-// validates its configuration and says so instead of pretending to consume.
+// # One batch
+//
+//  1. Fetch up to BatchSize records of a partition (kafka-go Client.Fetch).
+//  2. Read the end offset of every output partition: the floors.
+//  3. Decide the batch in the store. For every first copy the store keeps,
+//     atomically with the PENDING state, the owner token and the intent:
+//     the output partition of the result (murmur2 of the result key, as
+//     Java producers pick it) and that partition's floor.
+//  4. Run the handler for the first copies, in order.
+//  5. Write results to their intended partitions, dead letters and replies
+//     (kafka-go Client.Produce, acks=all, offsets handed back).
+//  6. Complete the keys in the store (SUCCESS with the result's offset,
+//     or FAILED): only the owner token may.
+//  7. Commit the offset after the batch.
+//
+// # Exactly one result per key without Kafka transactions
+//
+// kafka-go has no idempotent or transactional producer, so "written once"
+// comes from the store and from reading our own output back:
+//
+//   - Crash before step 5: the key is PENDING under a lease. The record was
+//     not committed, so it is delivered again; whoever gets it finds the
+//     PENDING entry (its own token: resumed; another's with the lease over:
+//     taken over with a new token, the old intent kept) and scans the
+//     intended partition from the recorded floor for a record whose
+//     idemstream-key header is the key. Found: complete with it, write
+//     nothing. Not found: run the handler and write.
+//   - Write whose outcome is unknown (timeout, connection cut after the
+//     request was sent): nothing is retried blindly. The partition pauses
+//     for SettleWait (the time an appended record may take to become
+//     visible), scans from the floor, and writes only what is missing.
+//   - Crash after step 5, before step 6: the same as the first case; the
+//     scan finds the result and completes without writing.
+//   - Crash after step 6, before step 7: the redelivered records find
+//     SUCCESS and are replays (or conflicts): no second result.
+//   - A stale owner (paused by GC, partition revoked, kafka-go delivering
+//     records of a revoked partition, #1398) that tries to complete is
+//     refused by the owner token; it drops the batch without committing.
+//     A late commit from an old member that moves an offset backwards
+//     (#1308) only causes redelivery, which the store decides as replays.
+//   - Another record of the same key on another partition while the key is
+//     PENDING waits with backoff up to pending_timeout, then decides on
+//     the stored state or takes the expired lease over, as above.
+//   - Store unreachable: nothing is decided, written or committed; the
+//     partition pauses and /readyz reports not ready until it answers.
+//
+// Residual assumptions, which an operator must make hold:
+//
+//   - A write of unknown outcome settles within SettleWait (the --settle-wait
+//     flag, 30s by default): on a replicated topic, set it to at least the
+//     brokers' replica.lag.time.max.ms. Only the partition concerned waits,
+//     and only after an ambiguous write.
+//   - The lease (pending_timeout) is longer than the longest handler call
+//     plus write plus SettleWait, so that a stale owner cannot write after
+//     its successor scanned. A pause longer than the lease (a frozen VM) is
+//     the known limit of any lease: the owner tokens still keep the state
+//     right, and the scan keeps the output right for everything that became
+//     visible before it.
+//   - Redis persists every acknowledged write (appendonly yes, appendfsync
+//     always, or WAIT on replicas). A store that forgets a SUCCESS entry
+//     forgets that the key was seen.
+//   - The output topic keeps its partition count during a window: the
+//     intended partition is computed from it.
+//   - The handler may run again for a key after a crash between step 4 and
+//     step 6: it must be idempotent, or its effect must be the result
+//     record itself (the default handler forwards the command).
+//   - Dead letters and replies are written at least once: after an
+//     ambiguous write they may appear twice, with the same idemstream-source.
 package consumer

@@ -67,11 +67,10 @@ type Config struct {
 
 // Pipeline consumes one input topic as one consumer group member.
 type Pipeline struct {
-	cfg       Config
-	canon     *dedupe.Canonicalizer
-	policy    dedupe.Policy
-	forwarded bool
-	log       *slog.Logger
+	cfg    Config
+	canon  *dedupe.Canonicalizer
+	policy dedupe.Policy
+	log    *slog.Logger
 
 	joined     atomic.Bool
 	pausedN    atomic.Int32
@@ -115,9 +114,6 @@ func New(cfg Config) (*Pipeline, error) {
 		policy: cfg.Decider.Policy(),
 		log:    cfg.Logger.With("pipeline", cfg.Name),
 	}
-	// With the forwarding handler a stored result is the first command,
-	// which lets a conflict's dead letter name the differing fields.
-	_, p.forwarded = cfg.Handler.(forwardHandler)
 	if cfg.Metrics != nil {
 		reasons := []string{}
 		for _, r := range []dedupe.Reason{dedupe.ReasonConflict, dedupe.ReasonMissingKey, dedupe.ReasonInvalidKey,

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -179,12 +180,10 @@ func TestContractCommand(t *testing.T) {
 	}
 }
 
-func TestCommandsNotBuiltSayIt(t *testing.T) {
-	for _, args := range [][]string{{"demo"}} {
-		r := runCLI(t, "", args...)
-		if r.code != 1 || !strings.Contains(r.stderr, "not available") {
-			t.Errorf("%v: exit %d stderr %q; want 1 and a plain statement", args, r.code, r.stderr)
-		}
+func TestDemoRefusesImpossibleWorkload(t *testing.T) {
+	r := runCLI(t, "", "demo", "--users", "10", "--commands", "5")
+	if r.code != 2 {
+		t.Errorf("demo with fewer commands than users: exit %d, want 2", r.code)
 	}
 }
 
@@ -247,5 +246,24 @@ func TestInspectStoreDown(t *testing.T) {
 	r := runCLI(t, "", "inspect", "--config", cfg, "k")
 	if r.code != 1 || !strings.Contains(r.stderr, "store unavailable") {
 		t.Errorf("inspect with Redis down: %d %q; want exit 1 naming the store", r.code, r.stderr)
+	}
+}
+
+func TestDemoCommandJSON(t *testing.T) {
+	r := runCLI(t, "", "demo", "--json", "--users", "30", "--commands", "150", "--members", "2")
+	if r.code != 0 {
+		t.Fatalf("demo exited %d: %s", r.code, r.stderr)
+	}
+	var f struct {
+		Commands   int            `json:"commands"`
+		Injected   map[string]int `json:"injected"`
+		Naive      map[string]int `json:"naive"`
+		Idemstream map[string]int `json:"idemstream"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &f); err != nil {
+		t.Fatalf("demo --json output is not JSON: %v\n%s", err, r.stdout)
+	}
+	if f.Commands != 150 || f.Idemstream["extra_coupons"] != 0 || f.Naive["extra_coupons"] != f.Injected["volatile_only_retries"] {
+		t.Errorf("demo figures: %+v", f)
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -28,14 +27,3 @@ func cmdVersion(_ context.Context, e *env, args []string) error {
 	return nil
 }
 
-// errNotBuilt says plainly that a command has no implementation in this
-// build, instead of pretending to work.
-var errNotBuilt = errors.New("not available in this build yet")
-
-func cmdDemo(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "demo", "")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	return fmt.Errorf("the embedded-broker demo is %w; meanwhile try 'idemstream hash' and 'idemstream diff' on deploy/examples/", errNotBuilt)
-}

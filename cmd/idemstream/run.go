@@ -170,6 +170,9 @@ func (s *service) run(ctx context.Context) error {
 }
 
 func (s *service) close() error {
+	if t, ok := s.client.Transport.(*kafka.Transport); ok {
+		t.CloseIdleConnections()
+	}
 	return s.closeFn()
 }
 
@@ -225,7 +228,7 @@ func instanceID() string {
 // group's dialer and the client's transport alike.
 func kafkaSecurity(cfg *schemas.Config, getenv func(string) string) (*kafka.Dialer, *kafka.Transport, error) {
 	dialer := &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, ClientID: cfg.Kafka.ClientID}
-	transport := &kafka.Transport{ClientID: cfg.Kafka.ClientID, DialTimeout: 10 * time.Second}
+	transport := &kafka.Transport{ClientID: cfg.Kafka.ClientID, DialTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second}
 	if t := cfg.Kafka.TLS; t != nil && (t.Enabled || t.CAFile != "" || t.CertFile != "") {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
 		if t.CAFile != "" {

@@ -1,0 +1,363 @@
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemstream/idemstream/consumer"
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/dedupe/memstore"
+	"github.com/idemstream/idemstream/schemas"
+	"github.com/idemstream/idemstream/sinks"
+)
+
+// CouponValue is what one coupon is worth: the money lost per extra one.
+const CouponValue = 50
+
+// Options configure a run.
+type Options struct {
+	Workload
+	// Members per pipeline: consumer group members sharing the partitions.
+	Members int
+	// Progress, when set, receives a progress line while the run goes.
+	Progress io.Writer
+	// Timeout bounds the whole run (default 60s).
+	Timeout time.Duration
+}
+
+// Figures is what a run shows.
+type Figures struct {
+	Commands     int            `json:"commands"`
+	Users        int            `json:"users"`
+	Stock        int            `json:"stock"`
+	Injected     map[string]int `json:"injected"`
+	Naive        Pipeline       `json:"naive"`
+	Idemstream   Pipeline       `json:"idemstream"`
+	DeadLetters  []DeadLetter   `json:"example_dead_letters"`
+	ElapsedMilli int64          `json:"elapsed_ms"`
+}
+
+// Pipeline is one pipeline's outcome and the damage its handler did.
+type Pipeline struct {
+	Results      int `json:"results"`
+	Replays      int `json:"replays_suppressed"`
+	Conflicts    int `json:"conflicts_to_dlq"`
+	Invalid      int `json:"invalid"`
+	Failed       int `json:"handler_failed"`
+	Issued       int `json:"coupons_issued"`
+	ExtraCoupons int `json:"extra_coupons"`
+	StockLeft    int `json:"stock_left"`
+	MoneyLost    int `json:"money_lost"`
+}
+
+// DeadLetter is an example record of the dead-letter topic.
+type DeadLetter struct {
+	Reason        string `json:"reason"`
+	Error         string `json:"error"`
+	ConflictPaths string `json:"conflict_paths,omitempty"`
+	Source        string `json:"source"`
+}
+
+const pipelinesYAML = `
+pipelines:
+  - name: naive
+    input: coupon.claim.commands
+    output: naive.coupon.claim.results
+    dlq: naive.coupon.claim.dlq
+    key: {from: message_key, format: any}
+    payload: raw
+  - name: idemstream
+    input: coupon.claim.commands
+    output: coupon.claim.results
+    dlq: coupon.claim.dlq
+    key: {from: header, name: Idempotency-Key, format: uuid}
+    semantics: strict
+    window: 10m
+    volatile: [/client_time, /retry_count, /trace_id]
+    unordered: [/items]
+`
+
+// desk is the business the commands reach: it issues coupons from a
+// stock, one per claim it is asked to honour.
+type desk struct {
+	mu     sync.Mutex
+	stock  int
+	issued map[string]int
+}
+
+func (d *desk) Handle(_ context.Context, cmd consumer.Command) (consumer.Result, error) {
+	var c claim
+	if err := json.Unmarshal(cmd.Record.Value, &c); err != nil {
+		return consumer.Result{}, consumer.Permanent(fmt.Errorf("not a claim: %w", err))
+	}
+	if c.Amount != CouponValue {
+		return consumer.Result{}, consumer.Permanent(fmt.Errorf("amount %d does not match the coupon's %d", c.Amount, CouponValue))
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stock--
+	d.issued[c.UserID]++
+	out, _ := json.Marshal(map[string]any{"user_id": c.UserID, "coupon_id": c.CouponID, "coupon_no": d.issued[c.UserID]})
+	return consumer.Result{Value: out}, nil
+}
+
+func (d *desk) damage() (issued, extra int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, n := range d.issued {
+		issued += n
+		extra += max(n-1, 0)
+	}
+	return issued, extra
+}
+
+// Run replays the campaign and returns its figures. It starts an
+// in-process broker on a loopback port and stops it before returning.
+func Run(ctx context.Context, opts Options) (*Figures, error) {
+	started := time.Now()
+	w := opts.Workload.withDefaults()
+	if opts.Members <= 0 {
+		opts.Members = 3
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 60 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	gen := Generate(w)
+
+	cfg, err := schemas.Parse([]byte(pipelinesYAML), "")
+	if err != nil {
+		return nil, err
+	}
+	var topics []string
+	for _, p := range cfg.Pipelines {
+		topics = append(topics, p.Output, p.DLQ)
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, append(topics, cfg.Pipelines[0].Input)...))
+	if err != nil {
+		return nil, fmt.Errorf("start the embedded broker: %w", err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+	// A transport of its own, closed on return: the demo leaves no
+	// connection or goroutine behind.
+	transport := &kafka.Transport{}
+	defer transport.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: transport}
+	io := sinks.NewKafka(client)
+	store := memstore.New()
+	reg := prometheus.NewRegistry()
+	metrics, err := consumer.NewMetrics(reg, "demo")
+	if err != nil {
+		return nil, err
+	}
+	desks := map[string]*desk{}
+	var members []*consumer.Pipeline
+	for _, pc := range cfg.Pipelines {
+		pol, err := cfg.Policy(pc)
+		if err != nil {
+			return nil, err
+		}
+		d, err := dedupe.NewDecider(pol, store)
+		if err != nil {
+			return nil, err
+		}
+		desks[pc.Name] = &desk{stock: w.Stock, issued: map[string]int{}}
+		for range opts.Members {
+			p, err := consumer.New(consumer.Config{
+				Name: pc.Name, Input: pc.Input, Output: pc.Output, DLQ: pc.DLQ,
+				Group: "demo." + pc.Name, Brokers: brokers, Decider: d, Store: store, Broker: io,
+				Handler: desks[pc.Name], Metrics: metrics, Instance: "demo", MaxWait: 50 * time.Millisecond,
+				SettleWait: 100 * time.Millisecond,
+			})
+			if err != nil {
+				return nil, err
+			}
+			members = append(members, p)
+		}
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	errs := make(chan error, len(members))
+	for _, m := range members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.Run(runCtx); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+
+	decided := func(pipeline string) int {
+		n := 0
+		for _, o := range dedupe.Outcomes {
+			n += int(testutil.ToFloat64(metrics.Records.WithLabelValues(pipeline, string(o))))
+		}
+		return n
+	}
+	wait := func(target int) error {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			a, b := decided("naive"), decided("idemstream")
+			if opts.Progress != nil {
+				fmt.Fprintf(opts.Progress, "\rdeciding: naive %4d/%d   idemstream %4d/%d", a, len(gen.Originals)+len(gen.Later), b, len(gen.Originals)+len(gen.Later))
+			}
+			if a >= target && b >= target {
+				return nil
+			}
+			select {
+			case err := <-errs:
+				return err
+			case <-ctx.Done():
+				return fmt.Errorf("demo did not finish in %v: %d and %d of %d records decided", opts.Timeout, a, b, target)
+			case <-tick.C:
+			}
+		}
+	}
+	// The campaign opens: every user claims once. Retries, second
+	// thoughts and garbage follow while those are being handled.
+	if err := send(ctx, io, cfg.Pipelines[0].Input, gen.Originals); err != nil {
+		return nil, err
+	}
+	if err := wait(len(gen.Originals)); err != nil {
+		return nil, err
+	}
+	if err := send(ctx, io, cfg.Pipelines[0].Input, gen.Later); err != nil {
+		return nil, err
+	}
+	if err := wait(len(gen.Originals) + len(gen.Later)); err != nil {
+		return nil, err
+	}
+	if opts.Progress != nil {
+		fmt.Fprintln(opts.Progress)
+	}
+
+	f := &Figures{
+		Commands: len(gen.Originals) + len(gen.Later), Users: w.Users, Stock: w.Stock,
+		Injected: map[string]int{"volatile_only_retries": gen.Retries, "conflicts": gen.Conflicts, "garbage": gen.Garbage},
+	}
+	for name, into := range map[string]*Pipeline{"naive": &f.Naive, "idemstream": &f.Idemstream} {
+		count := func(o dedupe.OutcomeKind) int {
+			return int(testutil.ToFloat64(metrics.Records.WithLabelValues(name, string(o))))
+		}
+		*into = Pipeline{Results: count(dedupe.OutcomeFirst), Replays: count(dedupe.OutcomeReplay),
+			Conflicts: count(dedupe.OutcomeConflict), Invalid: count(dedupe.OutcomeInvalid), Failed: count(dedupe.OutcomeFailed)}
+		into.Issued, into.ExtraCoupons = desks[name].damage()
+		into.StockLeft = w.Stock - into.Issued
+		into.MoneyLost = into.ExtraCoupons * CouponValue
+	}
+	if f.DeadLetters, err = examples(ctx, io, cfg.Pipelines[1].DLQ); err != nil {
+		return nil, err
+	}
+	f.ElapsedMilli = time.Since(started).Milliseconds()
+	return f, nil
+}
+
+func send(ctx context.Context, io *sinks.Kafka, topic string, cmds []Command) error {
+	msgs := make([]sinks.Message, len(cmds))
+	for i, c := range cmds {
+		var hs []dedupe.Header
+		if c.IdemKey != "" {
+			hs = []dedupe.Header{{Key: "Idempotency-Key", Value: []byte(c.IdemKey)}}
+		}
+		msgs[i] = sinks.Message{Topic: topic, Partition: -1, Key: []byte(c.NaiveKey), Value: c.Body, Headers: hs}
+	}
+	for start := 0; start < len(msgs); start += 200 {
+		if _, err := io.Write(ctx, msgs[start:min(start+200, len(msgs))]); err != nil {
+			return fmt.Errorf("send commands: %w", err)
+		}
+	}
+	return nil
+}
+
+// examples picks one dead letter per reason, conflicts first.
+func examples(ctx context.Context, io *sinks.Kafka, topic string) ([]DeadLetter, error) {
+	n, err := io.Partitions(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	byReason := map[string]DeadLetter{}
+	for p := range n {
+		recs, err := io.Read(ctx, topic, p, 0, 0)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range recs {
+			v := func(k string) string { s, _ := sinks.HeaderValue(r.Headers, k); return s }
+			reason := v(sinks.HeaderReason)
+			if _, seen := byReason[reason]; !seen {
+				byReason[reason] = DeadLetter{Reason: reason, Error: v(sinks.HeaderError),
+					ConflictPaths: v(sinks.HeaderConflictPaths), Source: v(sinks.HeaderSource)}
+			}
+		}
+	}
+	reasons := make([]string, 0, len(byReason))
+	for r := range byReason {
+		reasons = append(reasons, r)
+	}
+	sort.Slice(reasons, func(i, j int) bool {
+		if (reasons[i] == "conflict") != (reasons[j] == "conflict") {
+			return reasons[i] == "conflict"
+		}
+		return reasons[i] < reasons[j]
+	})
+	var out []DeadLetter
+	for _, r := range reasons[:min(3, len(reasons))] {
+		out = append(out, byReason[r])
+	}
+	return out, nil
+}
+
+// Print writes the figures as a person reads them in a terminal.
+func (f *Figures) Print(w io.Writer) {
+	fmt.Fprintf(w, "\nThe coupon campaign: %d users, %d claim commands, %d coupons in stock (non-stackable, worth %d each).\n",
+		f.Users, f.Commands, f.Stock, CouponValue)
+	fmt.Fprintf(w, "Injected: %d volatile-only retries (new client_time, retry_count, trace_id; some with the items reordered), %d keys reused with another amount, %d garbage records.\n\n",
+		f.Injected["volatile_only_retries"], f.Injected["conflicts"], f.Injected["garbage"])
+	rows := []struct {
+		label string
+		get   func(Pipeline) int
+	}{
+		{"results (handler ran)", func(p Pipeline) int { return p.Results }},
+		{"replays suppressed", func(p Pipeline) int { return p.Replays }},
+		{"conflicts to DLQ", func(p Pipeline) int { return p.Conflicts }},
+		{"invalid to DLQ", func(p Pipeline) int { return p.Invalid }},
+		{"handler failed", func(p Pipeline) int { return p.Failed }},
+		{"coupons issued", func(p Pipeline) int { return p.Issued }},
+		{"extra coupons", func(p Pipeline) int { return p.ExtraCoupons }},
+		{"stock left", func(p Pipeline) int { return p.StockLeft }},
+		{"money lost", func(p Pipeline) int { return p.MoneyLost }},
+	}
+	fmt.Fprintf(w, "  %-24s %14s %14s\n", "", "naive (key+body)", "idemstream")
+	fmt.Fprintf(w, "  %s\n", strings.Repeat("-", 56))
+	for _, r := range rows {
+		fmt.Fprintf(w, "  %-24s %14d %14d\n", r.label, r.get(f.Naive), r.get(f.Idemstream))
+	}
+	fmt.Fprintf(w, "\nExample dead letters of the idemstream pipeline:\n")
+	for _, d := range f.DeadLetters {
+		fmt.Fprintf(w, "  reason=%s source=%s\n    %s\n", d.Reason, d.Source, d.Error)
+		if d.ConflictPaths != "" {
+			fmt.Fprintf(w, "    differs at: %s\n", d.ConflictPaths)
+		}
+	}
+	fmt.Fprintf(w, "\nFinished in %.1fs.\n", float64(f.ElapsedMilli)/1000)
+}
+

@@ -1,0 +1,68 @@
+package demo_test
+
+import (
+	"context"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemstream/idemstream/internal/demo"
+)
+
+func TestDemoFigures(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := demo.Workload{Seed: 7, Users: 60, Commands: 400, Stock: 80, Conflicts: 0.02, Garbage: 0.02}
+	gen := demo.Generate(w)
+	f, err := demo.Run(context.Background(), demo.Options{Workload: w, Members: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem, naive := f.Idemstream, f.Naive
+	checks := []struct {
+		what      string
+		got, want int
+	}{
+		{"commands", f.Commands, 400},
+		{"idemstream results = distinct keys", idem.Results, w.Users},
+		{"idemstream conflicts = injected conflicts", idem.Conflicts, gen.Conflicts},
+		{"idemstream replays = injected retries", idem.Replays, gen.Retries},
+		{"idemstream invalid = garbage", idem.Invalid, gen.Garbage},
+		{"idemstream extra coupons", idem.ExtraCoupons, 0},
+		{"idemstream money lost", idem.MoneyLost, 0},
+		{"naive extra coupons = injected volatile-only retries", naive.ExtraCoupons, gen.Retries},
+		{"naive money lost", naive.MoneyLost, gen.Retries * demo.CouponValue},
+		{"naive replays", naive.Replays, 0},
+		{"naive stock left", naive.StockLeft, w.Stock - w.Users - gen.Retries},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: %d, want %d", c.what, c.got, c.want)
+		}
+	}
+	if gen.Retries == 0 || gen.Conflicts == 0 || gen.Garbage == 0 {
+		t.Fatalf("the workload injected nothing: %+v", f.Injected)
+	}
+	for _, side := range []demo.Pipeline{naive, idem} {
+		if sum := side.Results + side.Replays + side.Conflicts + side.Invalid + side.Failed; sum != f.Commands {
+			t.Errorf("outcomes add up to %d, want %d: %+v", sum, f.Commands, side)
+		}
+	}
+	if len(f.DeadLetters) == 0 || f.DeadLetters[0].Reason != "conflict" || f.DeadLetters[0].ConflictPaths != "/amount" {
+		t.Errorf("example dead letters: %+v", f.DeadLetters)
+	}
+}
+
+func TestWorkloadIsDeterministic(t *testing.T) {
+	a := demo.Generate(demo.Workload{Seed: 42, Users: 30, Commands: 200})
+	b := demo.Generate(demo.Workload{Seed: 42, Users: 30, Commands: 200})
+	c := demo.Generate(demo.Workload{Seed: 43, Users: 30, Commands: 200})
+	if len(a.Later) != len(b.Later) || string(a.Later[5].Body) != string(b.Later[5].Body) || a.Originals[3].IdemKey != b.Originals[3].IdemKey {
+		t.Error("the same seed gave another workload")
+	}
+	if a.Originals[3].IdemKey == c.Originals[3].IdemKey {
+		t.Error("another seed gave the same keys")
+	}
+	if got := len(a.Originals) + len(a.Later); got != 200 {
+		t.Errorf("%d commands, want 200", got)
+	}
+}
