@@ -26,4 +26,3 @@ func cmdVersion(_ context.Context, e *env, args []string) error {
 	fmt.Fprintf(e.stdout, "idemstream %s%s %s %s/%s\n", version, rev, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	return nil
 }
-

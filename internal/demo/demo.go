@@ -360,4 +360,3 @@ func (f *Figures) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nFinished in %.1fs.\n", float64(f.ElapsedMilli)/1000)
 }
-

@@ -47,7 +47,7 @@ func (w Workload) withDefaults() Workload {
 
 // Command is one record the clients send.
 type Command struct {
-	IdemKey string // Idempotency-Key header; "" for a record without one
+	IdemKey  string // Idempotency-Key header; "" for a record without one
 	NaiveKey string // Kafka record key: the naive identity
 	Body     []byte
 	Kind     string // original, retry, conflict, garbage
