@@ -1,5 +1,5 @@
 # The README's commands. `make test` is what CI runs.
-.PHONY: test demo build fuzz bench vet
+.PHONY: test demo build fuzz bench vet load bench-redis chaos
 
 test:
 	./internal/testenv/scripts/test.sh
@@ -22,3 +22,14 @@ fuzz:
 # Canonicalization against gowebpki/jcs in one run; compare runs with benchstat.
 bench:
 	go test ./dedupe -run '^$$' -bench 'Fingerprint|JCS' -benchmem -count 6 | tee bench.txt
+
+# Throughput of the strict pipeline against a bare kafka-go loop, on real
+# servers (LOAD_RECORDS=200000 make load for a longer run).
+LOAD_RECORDS ?= 50000
+load:
+	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start && \
+	  IDEMSTREAM_LOAD=1 IDEMSTREAM_LOAD_RECORDS=$(LOAD_RECORDS) go test ./consumer -run TestLoadStrictPipelineVsBareLoop -count=1 -v -timeout 30m | grep -E "load_test|ok|FAIL"'
+
+# Redis decisions per second next to redis-benchmark's pipelined SET.
+bench-redis:
+	./internal/testenv/scripts/bench-redis.sh
