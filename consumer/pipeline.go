@@ -212,10 +212,17 @@ func (p *Pipeline) runPartition(ctx context.Context, commit Committer, genID int
 		for start := 0; start < len(recs); start += p.cfg.BatchSize {
 			batch := recs[start:min(start+p.cfg.BatchSize, len(recs))]
 			if err := p.processBatch(ctx, pz, holder, batch); err != nil {
-				if ctx.Err() == nil {
-					log.Warn("batch dropped without commit; its records will be delivered again", "err", err)
+				if ctx.Err() != nil {
+					return
 				}
-				return
+				// Fenced, or an error retrying cannot cure at once: drop
+				// the batch, commit nothing, and read again from the last
+				// committed offset; the store decides what comes back.
+				log.Warn("batch dropped without commit; its records are read again", "offset", offset, "err", err)
+				if !errors.Is(err, errFenced) {
+					_ = sleep(ctx, time.Second)
+				}
+				break
 			}
 			next := batch[len(batch)-1].Offset + 1
 			if err := commit.CommitOffsets(map[string]map[int]int64{p.cfg.Input: {partition: next}}); err != nil {
