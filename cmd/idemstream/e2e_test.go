@@ -474,3 +474,40 @@ func TestRunPausesWhileRedisIsDown(t *testing.T) {
 		t.Errorf("no pause/resume log lines:\n%s", inst.stderr.String())
 	}
 }
+
+// TestRunStdoutSink: --sink stdout prints results and dead letters as JSON
+// lines and produces nothing.
+func TestRunStdoutSink(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	redisAddr := testenv.RedisAddr(t)
+	run := testenv.UniqueName(t, "stdout")
+	inTopic := run + ".in"
+	testenv.CreateTopics(t, brokers, 1, inTopic)
+	config := filepath.Join(t.TempDir(), "c.yaml")
+	yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s}\nstore: {redis: {url: 'redis://%s/0', prefix: %s}}\npipelines:\n  - {name: p, input: %s, output: %s.out, dlq: %s.dlq, key: {format: any}}\n",
+		strings.Join(brokers, ","), run, redisAddr, run, inTopic, run, run)
+	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	produce(t, io, produced{inTopic, 0, nil, key("k"), `{"a":1}`}, produced{inTopic, 0, nil, key("k"), `{"a":1}`}, produced{inTopic, 0, nil, nil, `{}`})
+	out := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- run2(ctx, []string{"run", "--config", config, "--metrics-addr", freeAddr(t), "--sink", "stdout"}, out)
+	}()
+	waitUntil(t, 60*time.Second, "two JSON lines", func() bool { return strings.Count(out.String(), "\n") >= 2 })
+	cancel()
+	if code := <-done; code != 0 {
+		t.Errorf("run exited %d", code)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0]+lines[1], `"idemstream-outcome":"first"`) || !strings.Contains(lines[0]+lines[1], `"idemstream-reason":"missing_key"`) {
+		t.Errorf("stdout sink printed:\n%s", out.String())
+	}
+}
+
+func run2(ctx context.Context, args []string, stdout io.Writer) int {
+	return run(ctx, args, strings.NewReader(""), stdout, io.Discard, func(string) string { return "" })
+}

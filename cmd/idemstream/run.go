@@ -36,6 +36,7 @@ func cmdRun(ctx context.Context, e *env, args []string) (err error) {
 	logFormat := fs.String("log-format", "json", "json or text")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	settle := fs.Duration("settle-wait", 30*time.Second, "how long a write of unknown outcome may take to become visible (replica.lag.time.max.ms)")
+	sink := fs.String("sink", "kafka", "kafka, or stdout to print results, dead letters and replies as JSON lines instead (debugging)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -47,7 +48,14 @@ func cmdRun(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	svc, err := buildService(cfg, e.getenv, log, *settle)
+	if *sink != "kafka" && *sink != "stdout" {
+		return usagef("--sink %q: want kafka or stdout", *sink)
+	}
+	var lines *sinks.JSONLines
+	if *sink == "stdout" {
+		lines = sinks.NewJSONLines(e.stdout)
+	}
+	svc, err := buildService(cfg, e.getenv, log, *settle, lines)
 	if err != nil {
 		return err
 	}
@@ -84,7 +92,7 @@ type service struct {
 	probe     storeProbe
 }
 
-func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Logger, settle time.Duration) (*service, error) {
+func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Logger, settle time.Duration, lines *sinks.JSONLines) (*service, error) {
 	dialer, transport, err := kafkaSecurity(cfg, getenv)
 	if err != nil {
 		return nil, err
@@ -101,7 +109,14 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 	}
 	store := consumer.InstrumentStore(rawStore, metrics)
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
-	io := sinks.NewKafka(client)
+	var io consumer.Broker = sinks.NewKafka(client)
+	if lines != nil {
+		inputs := map[string]bool{}
+		for _, p := range cfg.Pipelines {
+			inputs[p.Input] = true
+		}
+		io = &printingBroker{Broker: io, lines: lines, inputs: inputs}
+	}
 	instance := instanceID()
 	s := &service{cfg: cfg, log: log, store: store, closeFn: closeStore, client: client, registry: reg,
 		probe: storeProbe{store: rawStore}}
@@ -274,4 +289,42 @@ func kafkaSecurity(cfg *schemas.Config, getenv func(string) string) (*kafka.Dial
 		dialer.SASLMechanism, transport.SASL = mech, mech
 	}
 	return dialer, transport, nil
+}
+
+// printingBroker reads the inputs from Kafka and prints everything it
+// would write: output topics need not exist, and recovery scans find
+// nothing (there is nothing to find).
+type printingBroker struct {
+	consumer.Broker
+	lines  *sinks.JSONLines
+	inputs map[string]bool
+}
+
+func (b *printingBroker) Write(ctx context.Context, msgs []sinks.Message) ([]sinks.Written, error) {
+	return b.lines.Write(ctx, msgs)
+}
+
+func (b *printingBroker) Partitions(ctx context.Context, topic string) (int, error) {
+	if b.inputs[topic] {
+		return b.Broker.Partitions(ctx, topic)
+	}
+	return 1, nil
+}
+
+func (b *printingBroker) EndOffsets(ctx context.Context, topic string, partitions []int) (map[int]int64, error) {
+	if b.inputs[topic] {
+		return b.Broker.EndOffsets(ctx, topic, partitions)
+	}
+	out := make(map[int]int64, len(partitions))
+	for _, p := range partitions {
+		out[p] = 0
+	}
+	return out, nil
+}
+
+func (b *printingBroker) Fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration) ([]sinks.Fetched, int64, error) {
+	if b.inputs[topic] {
+		return b.Broker.Fetch(ctx, topic, partition, offset, maxWait)
+	}
+	return nil, 0, nil
 }
