@@ -34,13 +34,8 @@ type replyWork struct {
 // completed), which is when the caller may commit past it. An error means
 // nothing may be committed: the context ended, or a newer owner fenced
 // this one.
-func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, batch []sinks.Fetched) error {
-	start := time.Now()
+func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, batch []sinks.Fetched, fetched time.Time) error {
 	m := p.cfg.Metrics
-	if m != nil {
-		m.Inflight.WithLabelValues(p.cfg.Name).Add(float64(len(batch)))
-		defer m.Inflight.WithLabelValues(p.cfg.Name).Sub(float64(len(batch)))
-	}
 	recs := make([]dedupe.Record, len(batch))
 	for i, f := range batch {
 		recs[i] = dedupe.Record{Topic: p.cfg.Input, Partition: f.Partition, Offset: f.Offset,
@@ -168,7 +163,7 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 			m.DLQRecords.WithLabelValues(p.cfg.Name, string(reason)).Add(float64(n))
 		}
 		m.LenientMismatch.WithLabelValues(p.cfg.Name).Add(float64(mismatches))
-		m.DecisionSeconds.WithLabelValues(p.cfg.Name).Observe(time.Since(start).Seconds())
+		m.DecisionSeconds.WithLabelValues(p.cfg.Name).Observe(time.Since(fetched).Seconds())
 	}
 	p.logBurst(reasons, rulesChange)
 	return nil

@@ -68,7 +68,7 @@ func (m *Metrics) initPipeline(name string, reasons []string) {
 	m.LenientMismatch.WithLabelValues(name)
 	m.Rebalances.WithLabelValues(name)
 	m.Inflight.WithLabelValues(name)
-	for _, op := range []string{"decide", "complete"} {
+	for _, op := range []string{"decide", "complete", "lookup"} {
 		m.StoreErrors.WithLabelValues(op)
 	}
 }

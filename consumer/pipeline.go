@@ -193,6 +193,8 @@ func (p *Pipeline) runPartition(ctx context.Context, commit Committer, genID int
 	log := p.log.With("partition", partition)
 	pz := &pauser{p: p, log: log}
 	defer pz.done()
+	held := 0 // records fetched and not yet committed or dropped
+	defer func() { p.inflight(-held) }()
 	for ctx.Err() == nil {
 		recs, hw, err := p.cfg.Broker.Fetch(ctx, p.cfg.Input, partition, offset, p.cfg.MaxWait)
 		if err != nil {
@@ -208,10 +210,13 @@ func (p *Pipeline) runPartition(ctx context.Context, commit Committer, genID int
 			continue
 		}
 		pz.resume()
+		fetched := time.Now()
 		p.setLag(partition, hw, offset, recs)
+		held = len(recs)
+		p.inflight(held)
 		for start := 0; start < len(recs); start += p.cfg.BatchSize {
 			batch := recs[start:min(start+p.cfg.BatchSize, len(recs))]
-			if err := p.processBatch(ctx, pz, holder, batch); err != nil {
+			if err := p.processBatch(ctx, pz, holder, batch, fetched); err != nil {
 				if ctx.Err() != nil {
 					return
 				}
@@ -219,6 +224,8 @@ func (p *Pipeline) runPartition(ctx context.Context, commit Committer, genID int
 				// the batch, commit nothing, and read again from the last
 				// committed offset; the store decides what comes back.
 				log.Warn("batch dropped without commit; its records are read again", "offset", offset, "err", err)
+				p.inflight(-held)
+				held = 0
 				if !errors.Is(err, errFenced) {
 					_ = sleep(ctx, time.Second)
 				}
@@ -234,8 +241,17 @@ func (p *Pipeline) runPartition(ctx context.Context, commit Committer, genID int
 				log.Warn("offset commit failed; records may be delivered again", "offset", next, "err", err)
 			}
 			offset = next
+			p.inflight(-len(batch))
+			held -= len(batch)
 			p.setLag(partition, hw, offset, nil)
 		}
+	}
+}
+
+// inflight counts records fetched and not yet committed (or dropped).
+func (p *Pipeline) inflight(delta int) {
+	if p.cfg.Metrics != nil {
+		p.cfg.Metrics.Inflight.WithLabelValues(p.cfg.Name).Add(float64(delta))
 	}
 }
 

@@ -22,3 +22,7 @@ servers_start
 export IDEMSTREAM_REQUIRE_SERVERS=1
 
 go test -race -count=1 "$@" ./...
+
+# The deployment files (rules, dashboard, manifests, compose) are checked
+# in a module of their own, so that the product's go.mod stays lean.
+deploy/validate/run.sh

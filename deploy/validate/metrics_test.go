@@ -1,0 +1,48 @@
+package validate
+
+import (
+	"reflect"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// TestMetricsOfSPEC: the series SPEC "Metrics" promises exist, with its
+// types and labels. The rules, the dashboard and deploy/README.md rely on
+// exactly these.
+func TestMetricsOfSPEC(t *testing.T) {
+	want := map[string]struct {
+		typ    dto.MetricType
+		labels []string
+	}{
+		"idemstream_records_total":             {dto.MetricType_COUNTER, []string{"outcome", "pipeline"}},
+		"idemstream_dlq_records_total":         {dto.MetricType_COUNTER, []string{"pipeline", "reason"}},
+		"idemstream_lenient_mismatch_total":    {dto.MetricType_COUNTER, []string{"pipeline"}},
+		"idemstream_consumer_lag":              {dto.MetricType_GAUGE, []string{"partition", "pipeline"}},
+		"idemstream_decision_duration_seconds": {dto.MetricType_HISTOGRAM, []string{"pipeline"}},
+		"idemstream_store_duration_seconds":    {dto.MetricType_HISTOGRAM, []string{"op"}},
+		"idemstream_store_errors_total":        {dto.MetricType_COUNTER, []string{"op"}},
+		"idemstream_rebalances_total":          {dto.MetricType_COUNTER, []string{"pipeline"}},
+		"idemstream_inflight_records":          {dto.MetricType_GAUGE, []string{"pipeline"}},
+		"idemstream_build_info":                {dto.MetricType_GAUGE, []string{"go_version", "version"}},
+	}
+	got := registered(t)
+	for name, w := range want {
+		m, ok := got[name]
+		if !ok {
+			t.Errorf("SPEC metric %s is not registered by consumer.NewMetrics", name)
+			continue
+		}
+		if m.Type != w.typ {
+			t.Errorf("%s: type %v, SPEC wants %v", name, m.Type, w.typ)
+		}
+		if !reflect.DeepEqual(m.Labels, w.labels) {
+			t.Errorf("%s: labels %v, SPEC wants %v", name, m.Labels, w.labels)
+		}
+	}
+	for name := range got {
+		if _, ok := want[name]; !ok {
+			t.Logf("note: %s is registered but not in SPEC \"Metrics\"", name)
+		}
+	}
+}
