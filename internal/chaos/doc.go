@@ -18,11 +18,18 @@
 //     producer retries until acknowledged, so an ambiguous produce may
 //     duplicate an input record (a replay, counted from the input topic);
 //   - meanwhile SIGKILLs a random instance every few seconds and restarts it
-//     about a second later, freezes Redis with SIGSTOP for 3 s once, and
-//     restarts the broker once (internal/testenv/scripts/kafka.sh stop, then
-//     start), but only when the scripts started that broker
-//     (IDEMSTREAM_TESTENV_DIR is set and `kafka.sh status` names the broker
-//     of IDEMSTREAM_TEST_KAFKA); otherwise the restart is skipped and logged;
+//     about a second later (every other kill first waits for a Stable group,
+//     so that it lands in the middle of batches), freezes Redis with SIGSTOP
+//     for 3 s once, and restarts the broker once (kafka.sh stop, 2 s down,
+//     kafka.sh start: same port, same data);
+//   - the broker it restarts is its own: when the servers were started by
+//     internal/testenv/scripts (IDEMSTREAM_TESTENV_DIR names their state and
+//     holds the broker's jars), the test starts a private broker with
+//     `kafka.sh up` in a temporary state directory (a few seconds) and stops
+//     it at the end, because `go test ./...` runs packages in parallel and a
+//     restart of the shared broker would break other packages' tests.
+//     Without IDEMSTREAM_TESTENV_DIR it uses IDEMSTREAM_TEST_KAFKA and skips
+//     the restart, saying so in the log;
 //   - after the Redis pause and after the broker restart, holds the kills
 //     until the group has committed everything produced before the fault
 //     ended: a partition that stalls without a rebalance to rescue it fails
@@ -40,18 +47,21 @@
 //     distinct DLQ sources by reason, replay = every other input record.
 //
 // Dead letters are written at least once: a DLQ write retried after an
-// ambiguous error may append the same dead letter twice. The test counts
+// ambiguous error, or a batch read again after it was dropped (fenced),
+// may append the same dead letter twice. The test counts
 // dead letters by their idemstream-source (distinct sources), requires the
 // copies of one source to agree on the reason, and reports how many
 // duplicates it saw. Results, in contrast, must never be duplicated.
 //
 // Two variants. CI runs the short one as part of `go test ./...` (2,000
-// keys, 40 s of load; about two minutes on 2 cores with -race, most of it
-// waiting for rebalances). The full one is for the Makefile or by hand:
+// keys, 75 s of load, about 8 kills; under two minutes on 2 cores with
+// -race, much of it waiting for rebalances: a SIGKILLed member holds its
+// partitions until its 10 s session times out). The full one is for the
+// Makefile or by hand:
 //
 //	IDEMSTREAM_CHAOS=full go test -count=1 -run Chaos -v -timeout 30m ./internal/chaos/
 //
-// (10,000 keys, 3 minutes of load, more kills). With the real servers of
+// (10,000 keys, 4 minutes of load, a kill every 2–5 s). With the real servers of
 // the test suite, from the module root:
 //
 //	bash -c 'source internal/testenv/scripts/servers.sh; servers_start; export IDEMSTREAM_REQUIRE_SERVERS=1; IDEMSTREAM_CHAOS=full go test -count=1 -race -run Chaos -v -timeout 30m ./internal/chaos/; servers_stop'
