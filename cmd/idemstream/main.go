@@ -29,8 +29,9 @@ type quietRedis struct{}
 
 func (quietRedis) Printf(context.Context, string, ...any) {}
 
+func init() { redis.SetLogger(quietRedis{}) }
+
 func main() {
-	redis.SetLogger(quietRedis{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
 	stop()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -265,5 +266,39 @@ func TestDemoCommandJSON(t *testing.T) {
 	}
 	if f.Commands != 150 || f.Idemstream["extra_coupons"] != 0 || f.Naive["extra_coupons"] != f.Injected["volatile_only_retries"] {
 		t.Errorf("demo figures: %+v", f)
+	}
+}
+
+// No password reaches a log line or an error: not the Redis URL's, not the
+// SASL one read from the environment.
+func TestNoSecretsInLogsOrErrors(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "c.yaml", "kafka: {brokers: ['127.0.0.1:1'], sasl: {mechanism: scram-sha-512, username: svc, password_env: KAFKA_PW}}\n"+
+		"store: {redis: {url: 'redis://svc:s3cret-redis@127.0.0.1:1/0'}}\n"+
+		"pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n")
+	env := map[string]string{"KAFKA_PW": "s3cret-kafka"}
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"inspect", "--config", cfg, "k"}, strings.NewReader(""), &out, &errOut, func(k string) string { return env[k] })
+	if code == 0 {
+		t.Fatalf("inspect against an unreachable Redis succeeded")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var runOut syncBuffer
+	run(ctx, []string{"run", "--config", cfg, "--metrics-addr", freeAddr(t), "--log-level", "debug"}, strings.NewReader(""), io.Discard, &runOut, func(k string) string { return env[k] })
+	bad := run(context.Background(), []string{"inspect", "--config", writeFile(t, dir, "bad.yaml",
+		"store: {redis: {url: 'redis://svc:s3cret-redis@127.0.0.1:notaport/0'}}\npipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n"), "k"},
+		strings.NewReader(""), &out, &errOut, func(k string) string { return env[k] })
+	if bad == 0 {
+		t.Error("a malformed Redis URL was accepted")
+	}
+	all := errOut.String() + runOut.String() + out.String()
+	if runOut.String() == "" {
+		t.Error("run logged nothing while it could not reach Kafka or Redis")
+	}
+	for _, secret := range []string{"s3cret-redis", "s3cret-kafka"} {
+		if strings.Contains(all, secret) {
+			t.Errorf("%s leaked:\n%s", secret, all)
+		}
 	}
 }
