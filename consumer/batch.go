@@ -125,6 +125,10 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 	}
 
 	if len(results) > 0 {
+		// Never write a result for a key this holder no longer owns.
+		if err := p.renew(ctx, pz, holder, recs, outs, results); err != nil {
+			return err
+		}
 		msgs := make([]sinks.Message, len(results))
 		floors := make([]int64, len(results))
 		keys := make([]string, len(results))
@@ -192,6 +196,35 @@ func (p *Pipeline) decide(ctx context.Context, pz *pauser, holder string, recs [
 			return nil, 0, ctx.Err()
 		}
 		pz.pause(ctx, "decide", err)
+	}
+}
+
+// renew extends the leases of the keys about to be written; a key taken
+// over meanwhile fences the whole batch, which is then read again.
+func (p *Pipeline) renew(ctx context.Context, pz *pauser, holder string, recs []dedupe.Record, outs []dedupe.Outcome, results []resultWork) error {
+	rs := make([]*dedupe.Record, len(results))
+	os := make([]*dedupe.Outcome, len(results))
+	for j, r := range results {
+		rs[j], os[j] = &recs[r.rec], &outs[r.rec]
+	}
+	for {
+		lost, err := p.cfg.Decider.Renew(ctx, holder, rs, os)
+		if err == nil {
+			pz.resume()
+			for j, l := range lost {
+				if l {
+					return fmt.Errorf("%w: key %s was taken over before its result was written", errFenced, os[j].Key)
+				}
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !dedupe.IsRetryable(err) {
+			return fmt.Errorf("renew: %w", err)
+		}
+		pz.pause(ctx, "renew", err)
 	}
 }
 

@@ -334,3 +334,33 @@ func TestAmbiguousWriteIsNotRepeated(t *testing.T) {
 		t.Errorf("k1 after recovery: %+v", e)
 	}
 }
+
+// Two partitions whose batches hold each other's keys: each waits for the
+// other up to pending_timeout, then decides on the stored state. Neither
+// lease runs out meanwhile, so nobody takes a live key over and each key
+// has one result.
+func TestCrossPartitionWaitsWriteOnce(t *testing.T) {
+	r := newRig(t, 2)
+	pol := r.policy(dedupe.Strict)
+	pol.PendingTimeout = 300 * time.Millisecond
+	p := r.pipeline(pol, nil, "")
+	for round := range 5 {
+		x, y := fmt.Sprintf("x%d", round), fmt.Sprintf("y%d", round)
+		r.produce(cmd{x, `{"k":"x"}`, 0}, cmd{y, `{"k":"y"}`, 0}, cmd{y, `{"k":"y"}`, 1}, cmd{x, `{"k":"x"}`, 1})
+	}
+	stop := r.run(p)
+	defer stop()
+	waitFor(t, "20 decided records", func() bool { return r.count("p", "first")+r.count("p", "replay") == 20 })
+	perKey := map[string]int{}
+	for _, res := range r.readAll("out") {
+		perKey[header(res, "idemstream-key")]++
+	}
+	if len(perKey) != 10 {
+		t.Errorf("%d keys have results, want 10", len(perKey))
+	}
+	for k, n := range perKey {
+		if n != 1 {
+			t.Errorf("key %s has %d results", k, n)
+		}
+	}
+}

@@ -197,7 +197,7 @@ func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, inte
 			RulesDigest: d.canon.RulesDigest(),
 			Semantics:   d.policy.Semantics,
 			Window:      d.policy.Window,
-			Lease:       d.policy.PendingTimeout,
+			Lease:       d.policy.Lease(),
 			Owner:       Owner{Holder: holder, Source: rec.Source()},
 			Intent:      Intent{Partition: -1, Floor: NoPosition},
 		}
@@ -256,6 +256,43 @@ func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, inte
 		backoff = min(backoff*2, time.Second)
 	}
 	return out, nil
+}
+
+// Renew extends the leases of the first copies that the holder is about to
+// write results for, and reports the ones it no longer owns (taken over
+// after its lease ran out). The caller must not write a result for a lost
+// key: its new owner writes one. After a renewal a full lease remains,
+// longer than a write plus its settle time, so no successor can scan the
+// output before this holder's write is visible.
+func (d *Decider) Renew(ctx context.Context, holder string, recs []*Record, outs []*Outcome) (lost []bool, err error) {
+	reqs := make([]DecideRequest, len(recs))
+	for i, rec := range recs {
+		o := outs[i]
+		reqs[i] = DecideRequest{
+			Namespace:   d.policy.Pipeline,
+			Key:         o.Key,
+			Fingerprint: o.Fingerprint,
+			RulesDigest: d.canon.RulesDigest(),
+			Semantics:   d.policy.Semantics,
+			Window:      d.policy.Window,
+			Lease:       d.policy.Lease(),
+			Owner:       Owner{Holder: holder, Source: rec.Source()},
+			Intent:      o.Decision.Entry.Intent,
+		}
+		if d.policy.Clock == ClockEvent {
+			reqs[i].EventTime = rec.Time
+		}
+	}
+	decs, err := d.store.Decide(ctx, reqs)
+	if err != nil {
+		return nil, err
+	}
+	lost = make([]bool, len(decs))
+	for i, dec := range decs {
+		// Only the same owner token resumes its own PENDING entry.
+		lost[i] = dec.Verdict != VerdictFirst || !dec.Resumed
+	}
+	return lost, nil
 }
 
 func (d *Decider) fill(o *Outcome, dec Decision) {

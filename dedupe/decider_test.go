@@ -306,18 +306,49 @@ func TestPendingElsewhereWaitsForOwner(t *testing.T) {
 	}
 }
 
-// An owner that never finishes: the waiter takes the lease over after
-// pending_timeout and becomes the one to produce the result.
-func TestPendingElsewhereTakesOverExpiredLease(t *testing.T) {
+// An owner that never finishes: a waiter gives up after pending_timeout
+// and decides on the stored state (a replay: the owner's own record comes
+// back and is finished by whoever holds its partition next). Only once the
+// lease (twice pending_timeout) is over may a record take the key over.
+func TestPendingElsewhereOwnerNeverFinishes(t *testing.T) {
 	r := newRig(t, policy(dedupe.Strict))
 	r.decide(r.dec, "instance-b/commands/3", r.record(keyA, body))
 	start := r.clock.Now()
 	o := r.decide(r.dec, holderHere, r.record(keyA, retryBody))[0]
-	if o.Kind != dedupe.OutcomeFirst || !o.Decision.Resumed {
-		t.Fatalf("outcome %s resumed=%v, want a resumed first", o.Kind, o.Decision.Resumed)
+	if o.Kind != dedupe.OutcomeReplay {
+		t.Fatalf("after pending_timeout: %s, want replay (the owner's lease still runs)", o.Kind)
 	}
 	if waited := r.clock.Now().Sub(start); waited < 30*time.Second || waited > 32*time.Second {
 		t.Errorf("waited %v, want about pending_timeout (30s)", waited)
+	}
+	r.clock.Advance(31 * time.Second)
+	o = r.decide(r.dec, "instance-c/commands/3", r.record(keyA, body))[0]
+	if o.Kind != dedupe.OutcomeFirst || !o.Decision.Resumed {
+		t.Errorf("after the lease: %s resumed=%v, want a resumed first (taken over)", o.Kind, o.Decision.Resumed)
+	}
+}
+
+func TestRenewReportsLostKeys(t *testing.T) {
+	r := newRig(t, policy(dedupe.Strict))
+	recs := []dedupe.Record{r.record(keyA, body), r.record("1f8a2c1d-3e4f-4a5b-8c6d-7e8f9a0b1c2d", body)}
+	outs := r.decide(r.dec, holderHere, recs...)
+	ptrs := func() ([]*dedupe.Record, []*dedupe.Outcome) {
+		return []*dedupe.Record{&recs[0], &recs[1]}, []*dedupe.Outcome{&outs[0], &outs[1]}
+	}
+	rs, os := ptrs()
+	lost, err := r.dec.Renew(context.Background(), holderHere, rs, os)
+	if err != nil || lost[0] || lost[1] {
+		t.Fatalf("renew of live leases: %v %v", lost, err)
+	}
+	// The lease of the first key runs out and another worker takes it.
+	r.clock.Advance(61 * time.Second)
+	r.decide(r.dec, "instance-z/commands/9", r.record(keyA, body))
+	lost, err = r.dec.Renew(context.Background(), holderHere, rs, os)
+	if err != nil || !lost[0] {
+		t.Errorf("renew after a takeover: %v %v, want the first key lost", lost, err)
+	}
+	if lost[1] {
+		t.Error("renew lost a key nobody took")
 	}
 }
 

@@ -178,8 +178,14 @@ type Policy struct {
 	Schema          SchemaValidator // nil: no schema
 	MaxPayloadBytes int
 	// PendingTimeout bounds how long a record waits for a key that another
-	// worker holds, and is the length of the lease a worker takes: a
-	// waiter that has waited this long finds the lease over.
+	// worker holds. After it, the waiter decides on the stored state.
 	PendingTimeout time.Duration
 	FailedTTL      time.Duration
 }
+
+// Lease is how long a worker owns a PENDING key before another may take it
+// over: twice pending_timeout. A waiter gives up after pending_timeout and
+// decides on the stored state, so a live owner, which also waits at most
+// pending_timeout for keys of its own batch and renews its leases before
+// it writes (Decider.Renew), is never taken over; only a dead one is.
+func (p Policy) Lease() time.Duration { return 2 * p.PendingTimeout }

@@ -292,10 +292,16 @@ func replayOrConflict(sameRequest bool) Verdict {
 }
 
 // ApplyCompletion is the reference completion rule: only the current owner
-// of a PENDING entry may finish it.
+// of a PENDING entry may finish it, and finishing it again the same way is
+// accepted, so that a retried completion is idempotent.
 func ApplyCompletion(cur *Entry, c Completion, now time.Time) (*Entry, error) {
 	if cur == nil || !now.Before(cur.ExpiresAt) {
 		return nil, fmt.Errorf("complete %q: %w (entry expired)", c.Key, ErrFenced)
+	}
+	if cur.State == c.State && cur.Owner == c.Owner && cur.Result == c.Result {
+		// The same completion again: a retry after a timeout whose first
+		// attempt did reach the store.
+		return cur, nil
 	}
 	if cur.State != Pending || cur.Owner != c.Owner {
 		return nil, fmt.Errorf("complete %q as %s: %w (%s by %s)", c.Key, c.Owner.Token(), ErrFenced, cur.State, cur.Owner.Token())

@@ -78,6 +78,9 @@ func newLogger(e *env, format, level string) (*slog.Logger, error) {
 	return nil, usagef("--log-format %q: want json or text", format)
 }
 
+// writeBudget is the time a produce may take (the client's timeout is 10s).
+const writeBudget = 10 * time.Second
+
 // service is everything `run` owns, built in order and closed in reverse.
 type service struct {
 	cfg       *schemas.Config
@@ -120,10 +123,18 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 	instance := instanceID()
 	s := &service{cfg: cfg, log: log, store: store, closeFn: closeStore, client: client, registry: reg,
 		probe: storeProbe{store: rawStore}}
-	for _, pc := range cfg.Pipelines {
+	for i, pc := range cfg.Pipelines {
 		pol, err := cfg.Policy(pc)
 		if err != nil {
 			return nil, errors.Join(err, closeStore())
+		}
+		// A successor may scan for a result only once a write of unknown
+		// outcome has settled: the lease must outlast a write plus the
+		// settle wait (consumer/doc.go).
+		if lease := pol.Lease(); lease < settle+writeBudget {
+			return nil, errors.Join(&schemas.FieldError{Field: fmt.Sprintf("pipelines[%d].pending_timeout", i),
+				Msg: fmt.Sprintf("%s makes a lease of %s, shorter than --settle-wait (%s) plus %s for a write: raise pending_timeout or lower --settle-wait",
+					pc.PendingTimeout, lease, settle, writeBudget)}, closeStore())
 		}
 		d, err := dedupe.NewDecider(pol, store)
 		if err != nil {

@@ -348,7 +348,10 @@ var cases = []testCase{
 			t.Errorf("after takeover completion: %+v", e)
 		}
 		if err := d.complete(complete(taker, dedupe.Success, 3)); !errors.Is(err, dedupe.ErrFenced) {
-			t.Errorf("second completion of a finished key: %v, want ErrFenced", err)
+			t.Errorf("a completion that contradicts the finished one: %v, want ErrFenced", err)
+		}
+		if err := d.complete(complete(taker, dedupe.Success, 2)); err != nil {
+			t.Errorf("the same completion again (a retry after a timeout): %v, want accepted", err)
 		}
 	}},
 	{"ExpiredLeaseWithOtherBodyIsConflict", func(t *testing.T, h Harness, d *driver) {

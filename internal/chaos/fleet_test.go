@@ -1,0 +1,385 @@
+package chaos
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// moduleRoot walks up from the working directory to the go.mod.
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatalf("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// buildBinary builds idemstream once, without -race: the instances are
+// the system under test, the race detector runs in this test's process.
+func buildBinary(t *testing.T, root string) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("go not on PATH: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "idemstream")
+	cmd := exec.Command(goBin, "build", "-o", bin, "./cmd/idemstream")
+	cmd.Dir = root
+	cmd.Env = os.Environ()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/idemstream: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// childEnv is this process's environment without IDEMSTREAM_* variables:
+// the instances take everything from their config file and flags.
+func childEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "IDEMSTREAM_") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// proc is one incarnation of an instance: an OS process.
+type proc struct {
+	cmd    *exec.Cmd
+	done   chan struct{}
+	err    error // from Wait, valid once done is closed
+	killed bool  // we sent SIGKILL or SIGTERM
+}
+
+// slot is one of the three instances, restarted as often as it is killed,
+// always with the same config, metrics port and log file.
+type slot struct {
+	id      int
+	addr    string
+	logPath string
+	starts  int
+	cur     *proc
+}
+
+type fleet struct {
+	t       *testing.T
+	bin     string
+	config  string
+	mu      sync.Mutex
+	slots   []*slot
+	kills   int
+	starts  int
+	crashes []string // unexpected exits
+	stopped bool
+}
+
+func newFleet(t *testing.T, bin, config, logDir string, n int) *fleet {
+	f := &fleet{t: t, bin: bin, config: config}
+	for i := range n {
+		f.slots = append(f.slots, &slot{id: i, addr: freeAddr(t), logPath: filepath.Join(logDir, fmt.Sprintf("instance-%d.log", i))})
+	}
+	t.Cleanup(f.killAll)
+	return f
+}
+
+// start starts slot s; the caller holds f.mu.
+func (f *fleet) start(s *slot) {
+	f.t.Helper()
+	s.starts++
+	f.starts++
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		f.t.Fatalf("instance %d log: %v", s.id, err)
+	}
+	defer logf.Close() // the child keeps its own descriptor
+	fmt.Fprintf(logf, "==== chaos: start %d of instance %d at %s\n", s.starts, s.id, time.Now().Format(time.RFC3339Nano))
+	cmd := exec.Command(f.bin, "run", "--config", f.config, "--metrics-addr", s.addr,
+		"--settle-wait", "2s", "--log-format", "text")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = childEnv()
+	// Should this test process die, its instances die with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.t.Fatalf("start instance %d: %v", s.id, err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	s.cur = p
+	go func() {
+		p.err = cmd.Wait()
+		f.mu.Lock()
+		unexpected := !p.killed
+		if unexpected {
+			f.crashes = append(f.crashes, fmt.Sprintf("instance %d (pid %d, start %d) exited by itself: %v", s.id, cmd.Process.Pid, s.starts, p.err))
+		}
+		f.mu.Unlock()
+		close(p.done)
+	}()
+}
+
+func (f *fleet) startAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range f.slots {
+		f.start(s)
+	}
+}
+
+// kill SIGKILLs slot i and waits until the process is gone.
+func (f *fleet) kill(i int) {
+	f.mu.Lock()
+	s := f.slots[i]
+	p := s.cur
+	if p == nil || f.stopped {
+		f.mu.Unlock()
+		return
+	}
+	p.killed = true
+	f.kills++
+	_ = p.cmd.Process.Kill()
+	f.mu.Unlock()
+	<-p.done
+	f.mu.Lock()
+	if s.cur == p {
+		s.cur = nil
+	}
+	f.mu.Unlock()
+	appendLog(s.logPath, fmt.Sprintf("==== chaos: SIGKILL of instance %d (pid %d) at %s\n", s.id, p.cmd.Process.Pid, time.Now().Format(time.RFC3339Nano)))
+}
+
+// restart starts slot i again (if not running).
+func (f *fleet) restart(i int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := f.slots[i]
+	if f.stopped {
+		return
+	}
+	if s.cur != nil {
+		select {
+		case <-s.cur.done:
+		default:
+			return // running
+		}
+	}
+	f.start(s)
+}
+
+// ensureRunning restarts every instance that is not running (one that
+// exited by itself is reported by crashes, and restarted here).
+func (f *fleet) ensureRunning() {
+	for i := range f.slots {
+		f.restart(i)
+	}
+}
+
+// stopAll sends SIGTERM to every instance and waits for each to exit;
+// it returns one line per instance that did not exit cleanly.
+func (f *fleet) stopAll(timeout time.Duration) []string {
+	f.mu.Lock()
+	f.stopped = true
+	var procs []*proc
+	var slots []*slot
+	for _, s := range f.slots {
+		if s.cur != nil {
+			s.cur.killed = true
+			_ = s.cur.cmd.Process.Signal(syscall.SIGTERM)
+			procs = append(procs, s.cur)
+			slots = append(slots, s)
+		}
+	}
+	f.mu.Unlock()
+	var problems []string
+	deadline := time.After(timeout)
+	for i, p := range procs {
+		select {
+		case <-p.done:
+			if p.err != nil {
+				problems = append(problems, fmt.Sprintf("instance %d (pid %d): exit after SIGTERM: %v", slots[i].id, p.cmd.Process.Pid, p.err))
+			}
+		case <-deadline:
+			problems = append(problems, fmt.Sprintf("instance %d (pid %d): still running %v after SIGTERM; killed", slots[i].id, p.cmd.Process.Pid, timeout))
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+	return problems
+}
+
+// killAll is the cleanup: nothing outlives the test.
+func (f *fleet) killAll() {
+	f.mu.Lock()
+	f.stopped = true
+	var procs []*proc
+	for _, s := range f.slots {
+		if s.cur != nil {
+			s.cur.killed = true
+			_ = s.cur.cmd.Process.Kill()
+			procs = append(procs, s.cur)
+		}
+	}
+	f.mu.Unlock()
+	for _, p := range procs {
+		<-p.done
+	}
+}
+
+func (f *fleet) crashList() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.crashes...)
+}
+
+func (f *fleet) counts() (kills, starts int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.kills, f.starts
+}
+
+// ready reports whether every instance answers /readyz with 200.
+func (f *fleet) ready() bool {
+	client := &http.Client{Timeout: time.Second}
+	for _, s := range f.slots {
+		resp, err := client.Get("http://" + s.addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false
+		}
+	}
+	return true
+}
+
+func appendLog(path, line string) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = f.WriteString(line)
+}
+
+// logLines returns the lines of the instance logs that contain any of
+// needles (up to max), prefixed with the file's name.
+func (f *fleet) logLines(max int, needles ...string) []string {
+	var out []string
+	for _, s := range f.slots {
+		fh, err := os.Open(s.logPath)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(fh)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			for _, n := range needles {
+				if strings.Contains(line, n) {
+					out = append(out, filepath.Base(s.logPath)+": "+line)
+					break
+				}
+			}
+			if len(out) >= max {
+				fh.Close()
+				return out
+			}
+		}
+		fh.Close()
+	}
+	return out
+}
+
+// tail returns the last n lines of each instance log.
+func (f *fleet) tail(n int) string {
+	var b strings.Builder
+	for _, s := range f.slots {
+		data, err := os.ReadFile(s.logPath)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		if len(lines) > n {
+			lines = lines[len(lines)-n:]
+		}
+		fmt.Fprintf(&b, "---- last %d lines of %s\n%s\n", len(lines), s.logPath, strings.Join(lines, "\n"))
+	}
+	return b.String()
+}
+
+// countLines counts, per marker, the lines of every instance log that
+// contain it.
+func (f *fleet) countLines(markers ...string) map[string]int {
+	out := map[string]int{}
+	for _, s := range f.slots {
+		data, err := os.ReadFile(s.logPath)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			for _, m := range markers {
+				if strings.Contains(line, m) {
+					out[m]++
+				}
+			}
+		}
+	}
+	return out
+}
+
+// waitServing waits until every instance answers /healthz: its signal
+// handler is in place, so a SIGTERM is a graceful stop and not the
+// default action on a process still starting.
+func (f *fleet) waitServing(timeout time.Duration) bool {
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(timeout)
+	for _, s := range f.slots {
+		for {
+			resp, err := client.Get("http://" + s.addr + "/healthz")
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				return false
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return true
+}
