@@ -33,3 +33,9 @@ load:
 # Redis decisions per second next to redis-benchmark's pipelined SET.
 bench-redis:
 	./internal/testenv/scripts/bench-redis.sh
+
+# The full chaos run (10,000 keys, 4 minutes of load) on real servers; the
+# short variant runs in `make test`.
+chaos:
+	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start && \
+	  IDEMSTREAM_REQUIRE_SERVERS=1 IDEMSTREAM_CHAOS=full go test -count=1 -race -run Chaos -v -timeout 30m ./internal/chaos/'
