@@ -16,8 +16,9 @@
 //  4. Run the handler for the first copies, in order.
 //  5. Write results to their intended partitions, dead letters and replies
 //     (kafka-go Client.Produce, acks=all, offsets handed back).
-//  6. Complete the keys in the store (SUCCESS with the result's offset,
-//     or FAILED): only the owner token may.
+//  6. Renew the leases of the keys about to get a result (before step 5's
+//     result writes), then complete the keys in the store (SUCCESS with
+//     the result's offset, or FAILED): only the owner token may.
 //  7. Commit the offset after the batch.
 //
 // # Exactly one result per key without Kafka transactions
@@ -57,12 +58,16 @@
 //     flag, 30s by default): on a replicated topic, set it to at least the
 //     brokers' replica.lag.time.max.ms. Only the partition concerned waits,
 //     and only after an ambiguous write.
-//   - The lease (pending_timeout) is longer than the longest handler call
-//     plus write plus SettleWait, so that a stale owner cannot write after
-//     its successor scanned. A pause longer than the lease (a frozen VM) is
-//     the known limit of any lease: the owner tokens still keep the state
-//     right, and the scan keeps the output right for everything that became
-//     visible before it.
+//   - The lease is twice pending_timeout. A waiter gives up after
+//     pending_timeout and decides on the stored state (a replay, or a
+//     conflict), so it never takes a live owner's key; and an owner renews
+//     the leases of its batch just before it writes results (Decider.Renew),
+//     writing nothing for a key it lost. After a renewal a full lease
+//     remains: `idemstream run` refuses to start when it is shorter than
+//     --settle-wait plus 10s for a write, so a successor cannot scan before
+//     the owner's write is visible. A pause longer than the lease (a frozen
+//     VM between renewal and write) is the known limit of any lease: the
+//     owner tokens still keep the state right.
 //   - Redis persists every acknowledged write (appendonly yes, appendfsync
 //     always, or WAIT on replicas). A store that forgets a SUCCESS entry
 //     forgets that the key was seen.
