@@ -346,3 +346,70 @@ func TestFastPathAndScriptStoreTheSameEntry(t *testing.T) {
 		t.Errorf("script on a fast-path entry: %+v %v", d, err)
 	}
 }
+
+// The conformance suite on a real Redis Cluster of three masters: keys of
+// one batch spread over slots, each script call stays in one slot.
+func TestConformanceRedisCluster(t *testing.T) {
+	addrs := testenv.StartRedisCluster(t)
+	c, err := redisstore.NewClient(redisstore.Options{Addrs: addrs, Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, ok := c.(*redis.ClusterClient); !ok {
+		t.Fatalf("addrs gave a %T, want a cluster client", c)
+	}
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		return storetest.Harness{Store: redisstore.New(c, freshPrefix()), Advance: time.Sleep}
+	})
+	// A batch large enough for the SET NX path, over many slots.
+	s := redisstore.New(c, freshPrefix())
+	reqs := make([]dedupe.DecideRequest, 300)
+	for i := range reqs {
+		reqs[i] = decideReq("cluster-"+strconv.Itoa(i%150), "h-"+strconv.Itoa(i/150))
+	}
+	decs, err := s.Decide(context.Background(), reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firsts := 0
+	for _, d := range decs {
+		if d.Verdict == dedupe.VerdictFirst {
+			firsts++
+		}
+	}
+	if firsts != 150 {
+		t.Errorf("%d first decisions for 150 keys sent twice, want 150", firsts)
+	}
+}
+
+// ACL: a server that requires a password refuses a client without it, and
+// decides for one with it (the password given apart from the URL, as
+// store.redis.password_env does).
+func TestPasswordProtectedServer(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{Password: "pw-7f3"})
+	anon, _ := redisstore.NewClient(redisstore.Options{URL: "redis://" + srv.Addr + "/0", Timeout: time.Second})
+	defer anon.Close()
+	if _, err := redisstore.New(anon, "p").Decide(context.Background(), []dedupe.DecideRequest{decideReq("k", "h")}); err == nil {
+		t.Error("a client without the password was answered")
+	}
+	authed, _ := redisstore.NewClient(redisstore.Options{URL: "redis://" + srv.Addr + "/0", Password: "pw-7f3", Timeout: time.Second})
+	defer authed.Close()
+	if d, err := redisstore.New(authed, "p").Decide(context.Background(), []dedupe.DecideRequest{decideReq("k", "h")}); err != nil || d[0].Verdict != dedupe.VerdictFirst {
+		t.Errorf("with the password: %v %v", d, err)
+	}
+}
+
+// The conformance suite through a Sentinel: the client asks it for the
+// master of "mymaster".
+func TestConformanceRedisSentinel(t *testing.T) {
+	sentinel := testenv.StartRedisSentinel(t)
+	c, err := redisstore.NewClient(redisstore.Options{Addrs: []string{sentinel}, MasterName: "mymaster", Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		return storetest.Harness{Store: redisstore.New(c, freshPrefix()), Advance: time.Sleep}
+	})
+}

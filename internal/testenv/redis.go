@@ -42,6 +42,10 @@ type RedisConfig struct {
 	// AppendOnly with appendfsync always: every acknowledged write survives
 	// a restart.
 	AppendOnly bool
+	// Password, when set, is required of clients (requirepass).
+	Password string
+	// Args are passed to redis-server as they are.
+	Args []string
 }
 
 // RedisServer is a private redis-server process that a test can stop,
@@ -85,6 +89,10 @@ func (s *RedisServer) Start() {
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
+	if s.cfg.Password != "" {
+		args = append(args, "--requirepass", s.cfg.Password)
+	}
+	args = append(args, s.cfg.Args...)
 	s.cmd = exec.Command(s.bin, args...)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
@@ -97,7 +105,7 @@ func (s *RedisServer) Start() {
 	}(s.cmd, s.done)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if err := ping(s.Addr); err == nil {
+		if err := ping(s.Addr); err == nil || (s.cfg.Password != "" && strings.Contains(err.Error(), "NOAUTH")) {
 			return
 		}
 		select {
@@ -176,4 +184,81 @@ func ping(addr string) error {
 		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
 	}
 	return nil
+}
+
+// StartRedisCluster starts a Redis Cluster of three masters on loopback
+// (no replicas), waits until every node reports cluster_state:ok, and
+// stops it when the test ends. It returns the nodes' addresses.
+func StartRedisCluster(t testing.TB) []string {
+	t.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		unavailable(t, "redis-cli not found (apt-get install redis-tools)")
+	}
+	var addrs []string
+	for range 3 {
+		s := StartRedis(t, RedisConfig{Args: []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"}})
+		addrs = append(addrs, s.Addr)
+	}
+	create := exec.Command(cli, append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")...)
+	if out, err := create.CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, a := range addrs {
+		for {
+			host, port, _ := strings.Cut(a, ":")
+			out, err := exec.Command(cli, "-h", host, "-p", port, "cluster", "info").Output()
+			if err == nil && strings.Contains(string(out), "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redis cluster node %s not ok within 30s: %s", a, out)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return addrs
+}
+
+// StartRedisSentinel starts a master and one Sentinel that monitors it as
+// "mymaster", and stops both when the test ends. It returns the Sentinel's
+// address: clients find the master through it.
+func StartRedisSentinel(t testing.TB) (sentinel string) {
+	t.Helper()
+	master := StartRedis(t, RedisConfig{})
+	dir := t.TempDir()
+	port := freePort(t)
+	conf := filepath.Join(dir, "sentinel.conf")
+	text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor mymaster 127.0.0.1 %d 1\nsentinel down-after-milliseconds mymaster 5000\n",
+		port, dir, master.port)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(master.bin, conf, "--sentinel", "--logfile", filepath.Join(dir, "sentinel.log"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start redis sentinel: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	deadline := time.Now().Add(10 * time.Second)
+	for ping(addr) != nil {
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(dir, "sentinel.log"))
+			t.Fatalf("redis sentinel on %s did not answer within 10s: %s", addr, log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return addr
 }
