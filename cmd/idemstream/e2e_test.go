@@ -511,3 +511,50 @@ func TestRunStdoutSink(t *testing.T) {
 func run2(ctx context.Context, args []string, stdout io.Writer) int {
 	return run(ctx, args, strings.NewReader(""), stdout, io.Discard, func(string) string { return "" })
 }
+
+// TestRunSASL: the consumer authenticates with PLAIN, SCRAM-SHA-256 and
+// SCRAM-SHA-512 on the broker's SASL listener, the password read from the
+// environment variable the config names; a wrong password never makes the
+// instance ready.
+func TestRunSASL(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	saslBrokers := testenv.KafkaSASLBrokers(t)
+	redisAddr := testenv.RedisAddr(t)
+	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	for _, mech := range []string{"plain", "scram-sha-256", "scram-sha-512"} {
+		t.Run(mech, func(t *testing.T) {
+			run := testenv.UniqueName(t, "sasl")
+			inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
+			testenv.CreateTopics(t, brokers, 1, inTopic, outTopic, dlqTopic)
+			config := filepath.Join(t.TempDir(), "c.yaml")
+			yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s, sasl: {mechanism: %s, username: %s, password_env: KAFKA_PASSWORD}}\n"+
+				"store: {redis: {url: 'redis://%s/0', prefix: %s}}\npipelines:\n  - {name: p, input: %s, output: %s, dlq: %s, key: {format: any}}\n",
+				strings.Join(saslBrokers, ","), run, mech, testenv.KafkaSASLUser, redisAddr, run, inTopic, outTopic, dlqTopic)
+			if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			produce(t, io, produced{inTopic, 0, nil, key("k"), `{"a":1}`})
+			inst := startInstance(t, config, map[string]string{"KAFKA_PASSWORD": testenv.KafkaSASLPassword})
+			waitUntil(t, 60*time.Second, "the record decided over SASL", func() bool {
+				return inst.metric("idemstream_records_total", "pipeline", "p", "outcome", "first") == 1
+			})
+			if got := len(readTopic(t, io, outTopic)); got != 1 {
+				t.Errorf("%d results, want 1", got)
+			}
+			if mech != "plain" {
+				return
+			}
+			wrong := startInstance(t, config, map[string]string{"KAFKA_PASSWORD": "not-the-password"})
+			deadline := time.Now().Add(5 * time.Second)
+			for time.Now().Before(deadline) {
+				if code, _ := wrong.get("/readyz"); code == 200 {
+					t.Fatal("an instance with a wrong SASL password became ready")
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if strings.Contains(wrong.stderr.String(), "not-the-password") {
+				t.Error("the SASL password reached the log")
+			}
+		})
+	}
+}

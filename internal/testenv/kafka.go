@@ -215,3 +215,21 @@ func sanitize(s string) string {
 	}
 	return strings.Trim(b.String(), "-")
 }
+
+// KafkaSASLBrokers returns the SASL_PLAINTEXT listener of the test broker
+// (IDEMSTREAM_TEST_KAFKA_SASL, set by scripts/servers.sh): PLAIN,
+// SCRAM-SHA-256 and SCRAM-SHA-512 for user KafkaSASLUser.
+func KafkaSASLBrokers(t testing.TB) []string {
+	t.Helper()
+	addr := strings.TrimSpace(os.Getenv("IDEMSTREAM_TEST_KAFKA_SASL"))
+	if addr == "" {
+		unavailable(t, "no SASL listener: run `make test` (its broker has one), or set IDEMSTREAM_TEST_KAFKA_SASL=host:port")
+	}
+	return strings.Split(addr, ",")
+}
+
+// The test broker's SASL user (scripts/kafka.sh, kafka/server.properties).
+const (
+	KafkaSASLUser     = "idemstream"
+	KafkaSASLPassword = "idemstream-test-secret"
+)

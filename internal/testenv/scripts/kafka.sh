@@ -253,15 +253,18 @@ do_up() {
   for attempt in 1 2 3; do
     rm -rf "$dir"
     mkdir -p "$dir/data" "$dir/logs"
-    local bport cport
+    local bport cport sport
     bport=$(free_port)
     cport=$(free_port)
     while [ "$cport" = "$bport" ]; do cport=$(free_port); done
+    sport=$(free_port)
+    while [ "$sport" = "$bport" ] || [ "$sport" = "$cport" ]; do sport=$(free_port); done
     echo "$bport" >"$dir/broker.port"
     echo "$cport" >"$dir/controller.port"
     echo "127.0.0.1:$bport" >"$dir/addr"
+    echo "127.0.0.1:$sport" >"$dir/sasl_addr"
     echo "$version" >"$dir/version"
-    sed -e "s|@BROKER_PORT@|$bport|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@DATA_DIR@|$dir/data|g" \
+    sed -e "s|@BROKER_PORT@|$bport|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@SASL_PORT@|$sport|g" -e "s|@DATA_DIR@|$dir/data|g" \
       "$static_dir/server.properties" >"$dir/server.properties"
     cp "$static_dir/log4j2.properties" "$dir/log4j2.properties"
     local cluster_id
@@ -271,7 +274,9 @@ while True:
     if not s.startswith("-"): print(s); break')
     # shellcheck disable=SC2046
     if ! "$(java_bin)" $(java_opts) -cp "$libs/*" kafka.tools.StorageTool format --ignore-formatted \
-      -t "$cluster_id" -c "$dir/server.properties" >"$dir/format.log" 2>&1; then
+      -t "$cluster_id" -c "$dir/server.properties" \
+      --add-scram 'SCRAM-SHA-256=[name=idemstream,password=idemstream-test-secret]' \
+      --add-scram 'SCRAM-SHA-512=[name=idemstream,password=idemstream-test-secret]' >"$dir/format.log" 2>&1; then
       echo "kafka.sh: formatting $dir/data failed:" >&2
       cat "$dir/format.log" >&2
       return 1

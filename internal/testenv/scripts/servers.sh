@@ -75,13 +75,18 @@ start_kafka() {
   export IDEMSTREAM_TEST_KAFKA="$addr"
   IDEMSTREAM_TESTENV_DIR=$(cd "$state_dir" && pwd)
   export IDEMSTREAM_TESTENV_DIR
+  # The same broker's SASL listener (PLAIN and SCRAM users of kafka.sh).
+  if [ -f "$state_dir/kafka/sasl_addr" ]; then
+    IDEMSTREAM_TEST_KAFKA_SASL=$(cat "$state_dir/kafka/sasl_addr")
+    export IDEMSTREAM_TEST_KAFKA_SASL
+  fi
 }
 
 stop_kafka() {
   if [ -n "${started_kafka:-}" ]; then
     IDEMSTREAM_TESTENV_DIR="$state_dir" "$(dirname "${BASH_SOURCE[0]}")/kafka.sh" stop || true
     started_kafka=
-    unset IDEMSTREAM_TEST_KAFKA
+    unset IDEMSTREAM_TEST_KAFKA IDEMSTREAM_TEST_KAFKA_SASL
   fi
 }
 
