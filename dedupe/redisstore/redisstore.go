@@ -10,6 +10,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -107,13 +108,25 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	seen := make(map[string]struct{}, len(reqs))
 	pipe := s.client.Pipeline()
 	fast := make([]*redis.Cmd, len(reqs))
+	entries := make([]dedupe.Entry, len(reqs))
+	// One pooled buffer for every value of the batch: building these is
+	// the hot path of a large batch. The pipeline is done with it when
+	// Exec returns.
+	bp := valueBuffers.Get().(*[]byte)
+	buf := (*bp)[:0]
+	defer func() {
+		*bp = buf[:0]
+		valueBuffers.Put(bp)
+	}()
 	for i, r := range reqs {
 		if _, dup := seen[names[i]]; dup {
 			continue
 		}
 		seen[names[i]] = struct{}{}
-		e := newEntry(r, now)
-		fast[i] = pipe.Do(ctx, "SET", names[i], encodeEntry(e), "NX", "PXAT", e.ExpiresAt.UnixMilli())
+		entries[i] = newEntry(r, now)
+		start := len(buf)
+		buf = appendEntry(buf, &entries[i])
+		fast[i] = pipe.Do(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", entries[i].ExpiresAt.UnixMilli())
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, classify("decide", err)
@@ -125,7 +138,7 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		}
 		switch err := cmd.Err(); {
 		case err == nil:
-			out[i] = dedupe.Decision{Verdict: dedupe.VerdictFirst, Entry: newEntry(reqs[i], now)}
+			out[i] = dedupe.Decision{Verdict: dedupe.VerdictFirst, Entry: entries[i]}
 		case errors.Is(err, redis.Nil):
 			slow = append(slow, i)
 		default:
@@ -140,6 +153,8 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	}
 	return out, nil
 }
+
+var valueBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
 // fastPathMin is the smallest batch worth the extra TIME round trip of the
 // SET NX path; smaller batches go to decide.lua in one round trip.
@@ -480,17 +495,21 @@ func newEntry(r dedupe.DecideRequest, now time.Time) dedupe.Entry {
 	}
 }
 
-// encodeEntry is entry.lua's save() in Go: both must write the same bytes.
-func encodeEntry(e dedupe.Entry) string {
+// appendEntry is entry.lua's save() in Go: both must write the same bytes.
+func appendEntry(b []byte, e *dedupe.Entry) []byte {
 	var lease int64
 	if !e.LeaseUntil.IsZero() {
 		lease = e.LeaseUntil.UnixMilli()
 	}
-	return strings.Join([]string{string(e.State), e.Fingerprint, e.RulesDigest, e.Owner.Holder, e.Owner.Source,
-		e.FirstSource, strconv.FormatInt(int64(e.Intent.Partition), 10), strconv.FormatInt(e.Intent.Floor, 10),
-		strconv.FormatInt(int64(e.Result.Partition), 10), strconv.FormatInt(e.Result.Offset, 10),
-		strconv.FormatInt(e.WindowStart.UnixMilli(), 10), strconv.FormatInt(lease, 10),
-		strconv.FormatInt(e.ExpiresAt.UnixMilli(), 10), e.Key}, sep)
+	b = append(b, e.State...)
+	for _, f := range [...]string{e.Fingerprint, e.RulesDigest, e.Owner.Holder, e.Owner.Source, e.FirstSource} {
+		b = append(append(b, sep...), f...)
+	}
+	for _, n := range [...]int64{int64(e.Intent.Partition), e.Intent.Floor, int64(e.Result.Partition), e.Result.Offset,
+		e.WindowStart.UnixMilli(), lease, e.ExpiresAt.UnixMilli()} {
+		b = strconv.AppendInt(append(b, sep...), n, 10)
+	}
+	return append(append(b, sep...), e.Key...)
 }
 
 // checkFields refuses values that would corrupt the entry encoding.

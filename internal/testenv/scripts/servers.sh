@@ -33,6 +33,11 @@ start_redis() {
   local port dir
   port=$(free_port)
   dir="$state_dir/redis"
+  # A server an interrupted run left behind goes first: starting is
+  # idempotent.
+  if [ -f "$dir/redis.pid" ]; then
+    kill "$(cat "$dir/redis.pid")" 2>/dev/null || true
+  fi
   rm -rf "$dir" && mkdir -p "$dir"
   redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
