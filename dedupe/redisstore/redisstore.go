@@ -108,7 +108,6 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	seen := make(map[string]struct{}, len(reqs))
 	pipe := s.client.Pipeline()
 	fast := make([]*redis.Cmd, len(reqs))
-	entries := make([]dedupe.Entry, len(reqs))
 	// One pooled buffer for every value of the batch: building these is
 	// the hot path of a large batch. The pipeline is done with it when
 	// Exec returns.
@@ -123,10 +122,12 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 			continue
 		}
 		seen[names[i]] = struct{}{}
-		entries[i] = newEntry(r, now)
+		// The entry the key gets if the SET NX succeeds, which it does
+		// for most: built in place.
+		out[i].Entry = newEntry(r, now)
 		start := len(buf)
-		buf = appendEntry(buf, &entries[i])
-		fast[i] = pipe.Do(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", entries[i].ExpiresAt.UnixMilli())
+		buf = appendEntry(buf, &out[i].Entry)
+		fast[i] = pipe.Do(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", out[i].Entry.ExpiresAt.UnixMilli())
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, classify("decide", err)
@@ -138,7 +139,7 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		}
 		switch err := cmd.Err(); {
 		case err == nil:
-			out[i] = dedupe.Decision{Verdict: dedupe.VerdictFirst, Entry: entries[i]}
+			out[i].Verdict = dedupe.VerdictFirst
 		case errors.Is(err, redis.Nil):
 			slow = append(slow, i)
 		default:
