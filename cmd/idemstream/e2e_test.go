@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -51,19 +50,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func startInstance(t *testing.T, config string, env map[string]string) *instance {
 	t.Helper()
-	in := &instance{t: t, addr: freeAddr(t), done: make(chan int, 1), stderr: &syncBuffer{}}
+	in := &instance{t: t, addr: testenv.FreeAddr(t), done: make(chan int, 1), stderr: &syncBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
 	args := []string{"run", "--config", config, "--metrics-addr", in.addr, "--settle-wait", "200ms", "--log-format", "text"}
@@ -495,7 +484,7 @@ func TestRunStdoutSink(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	go func() {
-		done <- run2(ctx, []string{"run", "--config", config, "--metrics-addr", freeAddr(t), "--sink", "stdout"}, out)
+		done <- run2(ctx, []string{"run", "--config", config, "--metrics-addr", testenv.FreeAddr(t), "--sink", "stdout"}, out)
 	}()
 	waitUntil(t, 60*time.Second, "two JSON lines", func() bool { return strings.Count(out.String(), "\n") >= 2 })
 	cancel()

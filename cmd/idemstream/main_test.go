@@ -285,7 +285,7 @@ func TestNoSecretsInLogsOrErrors(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	var runOut syncBuffer
-	run(ctx, []string{"run", "--config", cfg, "--metrics-addr", freeAddr(t), "--log-level", "debug"}, strings.NewReader(""), io.Discard, &runOut, func(k string) string { return env[k] })
+	run(ctx, []string{"run", "--config", cfg, "--metrics-addr", testenv.FreeAddr(t), "--log-level", "debug"}, strings.NewReader(""), io.Discard, &runOut, func(k string) string { return env[k] })
 	bad := run(context.Background(), []string{"inspect", "--config", writeFile(t, dir, "bad.yaml",
 		"store: {redis: {url: 'redis://svc:s3cret-redis@127.0.0.1:notaport/0'}}\npipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n"), "k"},
 		strings.NewReader(""), &out, &errOut, func(k string) string { return env[k] })

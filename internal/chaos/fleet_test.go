@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemstream/idemstream/internal/testenv"
 )
 
 // moduleRoot walks up from the working directory to the go.mod.
@@ -51,16 +52,6 @@ func buildBinary(t *testing.T, root string) string {
 		t.Fatalf("go build ./cmd/idemstream: %v\n%s", err, out)
 	}
 	return bin
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // childEnv is this process's environment without IDEMSTREAM_* variables:
@@ -108,7 +99,7 @@ type fleet struct {
 func newFleet(t *testing.T, bin, config, logDir string, n int) *fleet {
 	f := &fleet{t: t, bin: bin, config: config}
 	for i := range n {
-		f.slots = append(f.slots, &slot{id: i, addr: freeAddr(t), logPath: filepath.Join(logDir, fmt.Sprintf("instance-%d.log", i))})
+		f.slots = append(f.slots, &slot{id: i, addr: testenv.FreeAddr(t), logPath: filepath.Join(logDir, fmt.Sprintf("instance-%d.log", i))})
 	}
 	t.Cleanup(f.killAll)
 	return f

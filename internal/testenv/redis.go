@@ -154,6 +154,12 @@ func (s *RedisServer) Pause() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
 // Resume thaws a paused server.
 func (s *RedisServer) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
 
+// FreeAddr returns a loopback address with a port nobody listens on now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	return "127.0.0.1:" + strconv.Itoa(freePort(t))
+}
+
 func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
