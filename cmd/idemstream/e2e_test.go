@@ -547,3 +547,41 @@ func TestRunSASL(t *testing.T) {
 		})
 	}
 }
+
+// TestRunTLS: the consumer reaches the broker's TLS listener, trusting the
+// CA named by kafka.tls.ca_file; without that CA it never becomes ready.
+func TestRunTLS(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	tlsBrokers, caFile := testenv.KafkaTLSBrokers(t)
+	redisAddr := testenv.RedisAddr(t)
+	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	run := testenv.UniqueName(t, "tls")
+	inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
+	testenv.CreateTopics(t, brokers, 1, inTopic, outTopic, dlqTopic)
+	write := func(name, tls string) string {
+		config := filepath.Join(t.TempDir(), name)
+		yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s, tls: %s}\n"+
+			"store: {redis: {url: 'redis://%s/0', prefix: %s}}\npipelines:\n  - {name: p, input: %s, output: %s, dlq: %s, key: {format: any}}\n",
+			strings.Join(tlsBrokers, ","), run, tls, redisAddr, run, inTopic, outTopic, dlqTopic)
+		if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return config
+	}
+	produce(t, io, produced{inTopic, 0, nil, key("k"), `{"a":1}`})
+	inst := startInstance(t, write("ok.yaml", fmt.Sprintf("{ca_file: '%s'}", caFile)), nil)
+	waitUntil(t, 60*time.Second, "the record decided over TLS", func() bool {
+		return inst.metric("idemstream_records_total", "pipeline", "p", "outcome", "first") == 1
+	})
+	if got := len(readTopic(t, io, outTopic)); got != 1 {
+		t.Errorf("%d results, want 1", got)
+	}
+	untrusting := startInstance(t, write("no-ca.yaml", "{enabled: true}"), nil)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if code, _ := untrusting.get("/readyz"); code == 200 {
+			t.Fatal("an instance that does not trust the broker's CA became ready")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

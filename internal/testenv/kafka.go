@@ -233,3 +233,16 @@ const (
 	KafkaSASLUser     = "idemstream"
 	KafkaSASLPassword = "idemstream-test-secret"
 )
+
+// KafkaTLSBrokers returns the TLS listener of the test broker and the file
+// of the CA that signed its certificate (IDEMSTREAM_TEST_KAFKA_TLS and
+// IDEMSTREAM_TEST_KAFKA_TLS_CA, set by scripts/servers.sh).
+func KafkaTLSBrokers(t testing.TB) (brokers []string, caFile string) {
+	t.Helper()
+	addr := strings.TrimSpace(os.Getenv("IDEMSTREAM_TEST_KAFKA_TLS"))
+	caFile = os.Getenv("IDEMSTREAM_TEST_KAFKA_TLS_CA")
+	if addr == "" || caFile == "" {
+		unavailable(t, "no TLS listener: run `make test` (its broker has one), or set IDEMSTREAM_TEST_KAFKA_TLS=host:port and IDEMSTREAM_TEST_KAFKA_TLS_CA=file")
+	}
+	return strings.Split(addr, ","), caFile
+}

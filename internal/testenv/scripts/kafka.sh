@@ -243,6 +243,27 @@ launch() {
   echo "kafka $(cat "$dir/version") (KRaft broker+controller, pid $pid) on $(addr), up in $(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')s" >&2
 }
 
+# make_certs makes a throwaway CA and a certificate for 127.0.0.1 signed by
+# it, for the TLS listener: server.pem (PKCS#8 key and chain) for Kafka,
+# ca.crt for the clients.
+make_certs() {
+  local tls="$1"
+  mkdir -p "$tls"
+  (
+    cd "$tls" &&
+      openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -subj "/CN=idemstream test CA" &&
+      openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj "/CN=127.0.0.1" &&
+      printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >san.ext &&
+      openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 3650 -extfile san.ext &&
+      openssl pkcs8 -topk8 -nocrypt -in server.key -out server.p8 &&
+      cat server.p8 server.crt ca.crt >server.pem
+  ) >"$tls/openssl.log" 2>&1 || {
+    echo "kafka.sh: making the test certificates failed:" >&2
+    cat "$tls/openssl.log" >&2
+    return 1
+  }
+}
+
 # up sets up a new broker in $dir: new ports, an empty formatted data
 # directory, and starts it.
 do_up() {
@@ -259,12 +280,17 @@ do_up() {
     while [ "$cport" = "$bport" ]; do cport=$(free_port); done
     sport=$(free_port)
     while [ "$sport" = "$bport" ] || [ "$sport" = "$cport" ]; do sport=$(free_port); done
+    local tport
+    tport=$(free_port)
+    while [ "$tport" = "$bport" ] || [ "$tport" = "$cport" ] || [ "$tport" = "$sport" ]; do tport=$(free_port); done
+    make_certs "$dir/tls" || return 1
+    echo "127.0.0.1:$tport" >"$dir/tls_addr"
     echo "$bport" >"$dir/broker.port"
     echo "$cport" >"$dir/controller.port"
     echo "127.0.0.1:$bport" >"$dir/addr"
     echo "127.0.0.1:$sport" >"$dir/sasl_addr"
     echo "$version" >"$dir/version"
-    sed -e "s|@BROKER_PORT@|$bport|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@SASL_PORT@|$sport|g" -e "s|@DATA_DIR@|$dir/data|g" \
+    sed -e "s|@BROKER_PORT@|$bport|g" -e "s|@CONTROLLER_PORT@|$cport|g" -e "s|@SASL_PORT@|$sport|g" -e "s|@SSL_PORT@|$tport|g" -e "s|@TLS_DIR@|$dir/tls|g" -e "s|@DATA_DIR@|$dir/data|g" \
       "$static_dir/server.properties" >"$dir/server.properties"
     cp "$static_dir/log4j2.properties" "$dir/log4j2.properties"
     local cluster_id

@@ -85,13 +85,19 @@ start_kafka() {
     IDEMSTREAM_TEST_KAFKA_SASL=$(cat "$state_dir/kafka/sasl_addr")
     export IDEMSTREAM_TEST_KAFKA_SASL
   fi
+  # And its TLS listener, with the CA that signed its certificate.
+  if [ -f "$state_dir/kafka/tls_addr" ]; then
+    IDEMSTREAM_TEST_KAFKA_TLS=$(cat "$state_dir/kafka/tls_addr")
+    IDEMSTREAM_TEST_KAFKA_TLS_CA="$IDEMSTREAM_TESTENV_DIR/kafka/tls/ca.crt"
+    export IDEMSTREAM_TEST_KAFKA_TLS IDEMSTREAM_TEST_KAFKA_TLS_CA
+  fi
 }
 
 stop_kafka() {
   if [ -n "${started_kafka:-}" ]; then
     IDEMSTREAM_TESTENV_DIR="$state_dir" "$(dirname "${BASH_SOURCE[0]}")/kafka.sh" stop || true
     started_kafka=
-    unset IDEMSTREAM_TEST_KAFKA IDEMSTREAM_TEST_KAFKA_SASL
+    unset IDEMSTREAM_TEST_KAFKA IDEMSTREAM_TEST_KAFKA_SASL IDEMSTREAM_TEST_KAFKA_TLS IDEMSTREAM_TEST_KAFKA_TLS_CA
   fi
 }
 
