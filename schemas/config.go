@@ -60,6 +60,7 @@ type Redis struct {
 	Username    string   `json:"username,omitempty"`
 	PasswordEnv string   `json:"password_env,omitempty"`
 	TLS         bool     `json:"tls,omitempty"`
+	CAFile      string   `json:"ca_file,omitempty"`
 	Prefix      string   `json:"prefix"`
 }
 

@@ -21,6 +21,9 @@ func openStore(cfg *schemas.Config, getenv func(string) string) (dedupe.Store, f
 	case "redis":
 		r := cfg.Store.Redis
 		opts := redisstore.Options{URL: r.URL, Addrs: r.Addrs, MasterName: r.MasterName, Username: r.Username, TLS: r.TLS}
+		if r.CAFile != "" {
+			opts.CAFile = cfg.Resolve(r.CAFile)
+		}
 		if r.PasswordEnv != "" {
 			opts.Password = getenv(r.PasswordEnv)
 			if opts.Password == "" {

@@ -2,7 +2,9 @@ package redisstore
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -20,6 +22,8 @@ type Options struct {
 	// so that it is never written in a config file.
 	Password string
 	TLS      bool
+	// CAFile is a PEM file of the CA to trust instead of the system's.
+	CAFile string
 	// Timeout bounds every call; a server that stops answering must turn
 	// into an error well inside the consumer's lease.
 	Timeout time.Duration
@@ -35,11 +39,28 @@ func NewClient(o Options) (redis.UniversalClient, error) {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
+	var roots *x509.CertPool
+	if o.CAFile != "" {
+		pem, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis ca_file: %w", err)
+		}
+		roots = x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redis ca_file: no PEM certificate in %s", o.CAFile)
+		}
+	}
 	if o.URL != "" {
 		opt, err := redis.ParseURL(o.URL)
 		if err != nil {
 			// The parser quotes the URL it rejects, password and all.
 			return nil, fmt.Errorf("redis url %s: %s", RedactURL(o.URL), strings.ReplaceAll(err.Error(), o.URL, RedactURL(o.URL)))
+		}
+		if roots != nil && opt.TLSConfig == nil {
+			opt.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		if roots != nil {
+			opt.TLSConfig.RootCAs = roots
 		}
 		if o.Username != "" {
 			opt.Username = o.Username
@@ -69,8 +90,8 @@ func NewClient(o Options) (redis.UniversalClient, error) {
 		// under another reply: the caller retries whole batches instead.
 		MaxRetries: -1,
 	}
-	if o.TLS {
-		uo.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.TLS || roots != nil {
+		uo.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
 	}
 	return redis.NewUniversalClient(uo), nil
 }

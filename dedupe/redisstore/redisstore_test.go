@@ -422,3 +422,22 @@ func TestConformanceRedisSentinel(t *testing.T) {
 		return storetest.Harness{Store: redisstore.New(c, freshPrefix()), Advance: time.Sleep}
 	})
 }
+
+// TLS (rediss://): a client that trusts the server's CA decides; one that
+// does not is refused, and the error says the store is unavailable.
+func TestTLSServer(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{TLS: true})
+	trusting, err := redisstore.NewClient(redisstore.Options{URL: "rediss://" + srv.Addr + "/0", CAFile: srv.CAFile, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer trusting.Close()
+	if d, err := redisstore.New(trusting, "p").Decide(context.Background(), []dedupe.DecideRequest{decideReq("k", "h")}); err != nil || d[0].Verdict != dedupe.VerdictFirst {
+		t.Fatalf("over TLS with the CA: %v %v", d, err)
+	}
+	doubting, _ := redisstore.NewClient(redisstore.Options{URL: "rediss://" + srv.Addr + "/0", Timeout: 2 * time.Second})
+	defer doubting.Close()
+	if _, err := redisstore.New(doubting, "p").Decide(context.Background(), []dedupe.DecideRequest{decideReq("k2", "h")}); !errors.Is(err, dedupe.ErrStoreUnavailable) {
+		t.Errorf("a client without the CA: %v, want ErrStoreUnavailable", err)
+	}
+}

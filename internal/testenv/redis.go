@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"os"
@@ -44,6 +46,9 @@ type RedisConfig struct {
 	AppendOnly bool
 	// Password, when set, is required of clients (requirepass).
 	Password string
+	// TLS serves TLS only, with a certificate for 127.0.0.1 signed by a
+	// throwaway CA (RedisServer.CAFile).
+	TLS bool
 	// Args are passed to redis-server as they are.
 	Args []string
 }
@@ -52,13 +57,15 @@ type RedisConfig struct {
 // restart, freeze and thaw.
 type RedisServer struct {
 	Addr string
-	t    testing.TB
-	bin  string
-	dir  string
-	port int
-	cfg  RedisConfig
-	cmd  *exec.Cmd
-	done chan struct{}
+	// CAFile is the CA to trust for a TLS server.
+	CAFile string
+	t      testing.TB
+	bin    string
+	dir    string
+	port   int
+	cfg    RedisConfig
+	cmd    *exec.Cmd
+	done   chan struct{}
 }
 
 // StartRedis starts a private redis-server on a free loopback port, with
@@ -71,6 +78,12 @@ func StartRedis(t testing.TB, cfg RedisConfig) *RedisServer {
 	}
 	s := &RedisServer{t: t, bin: bin, dir: t.TempDir(), port: freePort(t), cfg: cfg}
 	s.Addr = "127.0.0.1:" + strconv.Itoa(s.port)
+	if cfg.TLS {
+		ca, cert, key := writeCerts(t, s.dir)
+		s.CAFile = ca
+		s.cfg.Args = append(s.cfg.Args, "--port", "0", "--tls-port", strconv.Itoa(s.port),
+			"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no")
+	}
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
@@ -105,7 +118,7 @@ func (s *RedisServer) Start() {
 	}(s.cmd, s.done)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if err := ping(s.Addr); err == nil || (s.cfg.Password != "" && strings.Contains(err.Error(), "NOAUTH")) {
+		if err := s.ping(); err == nil || (s.cfg.Password != "" && strings.Contains(err.Error(), "NOAUTH")) {
 			return
 		}
 		select {
@@ -168,6 +181,25 @@ func freePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+func (s *RedisServer) ping() error {
+	if !s.cfg.TLS {
+		return ping(s.Addr)
+	}
+	pem, err := os.ReadFile(s.CAFile)
+	if err != nil {
+		return err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	d := &net.Dialer{Timeout: 200 * time.Millisecond}
+	c, err := tls.DialWithDialer(d, "tcp", s.Addr, &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12})
+	if err != nil {
+		return err
+	}
+	c.Close()
+	return nil
 }
 
 // ping speaks just enough RESP to know the server is up, so that this
