@@ -207,25 +207,20 @@ func (p *Pipeline) renew(ctx context.Context, pz *pauser, holder string, recs []
 	for j, r := range results {
 		rs[j], os[j] = &recs[r.rec], &outs[r.rec]
 	}
-	for {
-		lost, err := p.cfg.Decider.Renew(ctx, holder, rs, os)
-		if err == nil {
-			pz.resume()
-			for j, l := range lost {
-				if l {
-					return fmt.Errorf("%w: key %s was taken over before its result was written", errFenced, os[j].Key)
-				}
-			}
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if !dedupe.IsRetryable(err) {
-			return fmt.Errorf("renew: %w", err)
-		}
-		pz.pause(ctx, "renew", err)
+	var lost []bool
+	err := pz.retryStore(ctx, "renew", func() (err error) {
+		lost, err = p.cfg.Decider.Renew(ctx, holder, rs, os)
+		return err
+	})
+	if err != nil {
+		return err
 	}
+	for j, l := range lost {
+		if l {
+			return fmt.Errorf("%w: key %s was taken over before its result was written", errFenced, os[j].Key)
+		}
+	}
+	return nil
 }
 
 // floors reads the end offset of every output partition before a batch is
@@ -431,25 +426,20 @@ func (p *Pipeline) complete(ctx context.Context, pz *pauser, comps []dedupe.Comp
 	if len(comps) == 0 {
 		return nil
 	}
-	for {
-		errs, err := p.cfg.Store.Complete(ctx, comps)
-		if err == nil {
-			pz.resume()
-			for _, e := range errs {
-				if e != nil {
-					return fmt.Errorf("%w: %w", errFenced, e)
-				}
-			}
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if !dedupe.IsRetryable(err) {
-			return fmt.Errorf("complete: %w", err)
-		}
-		pz.pause(ctx, "complete", err)
+	var errs []error
+	err := pz.retryStore(ctx, "complete", func() (err error) {
+		errs, err = p.cfg.Store.Complete(ctx, comps)
+		return err
+	})
+	if err != nil {
+		return err
 	}
+	for _, e := range errs {
+		if e != nil {
+			return fmt.Errorf("%w: %w", errFenced, e)
+		}
+	}
+	return nil
 }
 
 // logBurst writes one line per batch that dead-lettered records, at most

@@ -299,6 +299,25 @@ func (z *pauser) resume() {
 	}
 }
 
+// retryStore calls fn until the store answers: a retryable error pauses
+// the partition and tries again, any other ends the batch.
+func (z *pauser) retryStore(ctx context.Context, what string, fn func() error) error {
+	for {
+		err := fn()
+		if err == nil {
+			z.resume()
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !dedupe.IsRetryable(err) {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		z.pause(ctx, what, err)
+	}
+}
+
 func (z *pauser) done() {
 	if z.paused {
 		z.paused = false

@@ -18,21 +18,31 @@ func pipelineCanonicalizer(e *env, cf *configFlags, name string) (*dedupe.Canoni
 	if err != nil {
 		return nil, err
 	}
-	if name == "" {
-		if len(cfg.Pipelines) != 1 {
-			return nil, usagef("--pipeline NAME is required: the config has %d pipelines", len(cfg.Pipelines))
-		}
-		name = cfg.Pipelines[0].Name
-	}
-	p, err := cfg.Pipeline(name)
+	p, err := pickPipeline(cfg, name)
 	if err != nil {
-		return nil, usagef("%v", err)
+		return nil, err
 	}
 	pol, err := cfg.Policy(p)
 	if err != nil {
 		return nil, err
 	}
 	return dedupe.NewCanonicalizer(pol.Rules)
+}
+
+// pickPipeline finds the --pipeline named, which may be left out when the
+// config has one pipeline only.
+func pickPipeline(cfg *schemas.Config, name string) (schemas.Pipeline, error) {
+	if name == "" {
+		if len(cfg.Pipelines) != 1 {
+			return schemas.Pipeline{}, usagef("--pipeline NAME is required: the config has %d pipelines", len(cfg.Pipelines))
+		}
+		return cfg.Pipelines[0], nil
+	}
+	p, err := cfg.Pipeline(name)
+	if err != nil {
+		return schemas.Pipeline{}, usagef("%v", err)
+	}
+	return p, nil
 }
 
 func readInput(e *env, name string) ([]byte, error) {

@@ -53,16 +53,9 @@ func cmdInspect(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	name := *pipeline
-	if name == "" {
-		if len(cfg.Pipelines) != 1 {
-			return usagef("--pipeline NAME is required: the config has %d pipelines", len(cfg.Pipelines))
-		}
-		name = cfg.Pipelines[0].Name
-	}
-	p, err := cfg.Pipeline(name)
+	p, err := pickPipeline(cfg, *pipeline)
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
 	if cfg.Store.Kind == "memory" {
 		return usagef("store.kind is memory: the state lives inside the running process and cannot be inspected from outside")
