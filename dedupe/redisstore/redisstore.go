@@ -382,7 +382,7 @@ func classify(op string, err error) error {
 
 func isTransient(err error) bool {
 	msg := err.Error()
-	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "EOF", "connection reset", "broken pipe", "i/o timeout"} {
+	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "OOM", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "EOF", "connection reset", "broken pipe", "i/o timeout"} {
 		if strings.Contains(msg, p) {
 			return true
 		}
