@@ -10,46 +10,8 @@ import (
 
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/dedupe/audit"
+	"github.com/idemstream/idemstream/dedupe/audit/audittest"
 )
-
-// produce writes the records to their partitions, in order, with their
-// timestamps, and returns the records as the broker numbered them.
-func produce(t testing.TB, client *kafka.Client, topic string, recs []dedupe.Record) []dedupe.Record {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	byPart := map[int][]int{}
-	for i, r := range recs {
-		byPart[r.Partition] = append(byPart[r.Partition], i)
-	}
-	out := append([]dedupe.Record(nil), recs...)
-	for p, idx := range byPart {
-		for start := 0; start < len(idx); start += 500 {
-			chunk := idx[start:min(start+500, len(idx))]
-			krecs := make([]kafka.Record, len(chunk))
-			for j, i := range chunk {
-				r := recs[i]
-				hs := make([]kafka.Header, len(r.Headers))
-				for h, hd := range r.Headers {
-					hs[h] = kafka.Header{Key: hd.Key, Value: hd.Value}
-				}
-				krecs[j] = kafka.Record{Time: r.Time, Value: kafka.NewBytes(r.Value), Headers: hs}
-			}
-			res, err := client.Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll,
-				Records: kafka.NewRecordReader(krecs...)})
-			if err == nil && res.Error != nil {
-				err = res.Error
-			}
-			if err != nil {
-				t.Fatalf("produce to %s/%d: %v", topic, p, err)
-			}
-			for j, i := range chunk {
-				out[i].Topic, out[i].Offset = topic, res.BaseOffset+int64(j)
-			}
-		}
-	}
-	return out
-}
 
 func fakeCluster(t *testing.T, partitions int32, topics ...string) *kafka.Client {
 	t.Helper()
@@ -65,15 +27,15 @@ func fakeCluster(t *testing.T, partitions int32, topics ...string) *kafka.Client
 
 func TestKafkaTopicPlantedPatterns(t *testing.T) {
 	client := fakeCluster(t, 3, "claims")
-	p := plant("claims", 3)
-	produce(t, client, "claims", p.Records)
+	p := audittest.Plant("claims", 3)
+	audittest.Produce(t, client, "claims", p.Records)
 	var progress []audit.Progress
 	src := &audit.KafkaTopic{Client: client, Topic: "claims", Progress: func(pr audit.Progress) { progress = append(progress, pr) }}
-	r, err := audit.Run(context.Background(), src, audit.Options{Policy: policy(t)})
+	r, err := audit.Run(context.Background(), src, audit.Options{Policy: audittest.Policy(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkPlanted(t, p, r)
+	audittest.Check(t, p, r)
 	if r.Partitions != 3 || r.Passes != 2 {
 		t.Errorf("partitions %d, passes %d; want 3 and 2", r.Partitions, r.Passes)
 	}
@@ -84,8 +46,8 @@ func TestKafkaTopicPlantedPatterns(t *testing.T) {
 
 func TestKafkaTopicFromAndMaxRecords(t *testing.T) {
 	client := fakeCluster(t, 3, "claims")
-	p := plant("claims", 3)
-	produce(t, client, "claims", p.Records)
+	p := audittest.Plant("claims", 3)
+	audittest.Produce(t, client, "claims", p.Records)
 	ctx := context.Background()
 
 	count := func(src *audit.KafkaTopic) (n int64, first time.Time) {
