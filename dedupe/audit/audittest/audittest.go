@@ -270,4 +270,3 @@ func Produce(t testing.TB, client *kafka.Client, topic string, recs []dedupe.Rec
 	}
 	return out
 }
-
