@@ -196,3 +196,27 @@ func TestAuditUnreachableBrokerIsARuntimeFailure(t *testing.T) {
 		t.Errorf("exit %d, stderr %q; want 1 with one line", r.code, r.stderr)
 	}
 }
+
+// The command against a real Apache Kafka broker: read, suggest, and the
+// suggestion accepted by contract.
+func TestAuditRealKafka(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.UniqueName(t, "audit-cli")
+	testenv.CreateTopics(t, brokers, 3, topic)
+	transport := &kafka.Transport{}
+	t.Cleanup(transport.CloseIdleConnections)
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: transport}
+	p := audittest.Plant(topic, 3)
+	audittest.Produce(t, client, topic, p.Records)
+
+	cfgPath := filepath.Join(t.TempDir(), "cfg.yaml")
+	r := runCLI(t, "", "audit", "--brokers", strings.Join(brokers, ","), "--topic", topic, "--max-payload-bytes", "4096",
+		"--output", "json", "--suggest", cfgPath)
+	if r.code != 0 {
+		t.Fatalf("audit exited %d: %s", r.code, r.stderr)
+	}
+	audittest.Check(t, p, decodeReport(t, r.stdout))
+	if c := runCLI(t, "", "contract", "--config", cfgPath); c.code != 0 || !strings.Contains(c.stdout, "/trace_id") {
+		t.Errorf("contract of the suggested file exited %d: %s%s", c.code, c.stderr, c.stdout)
+	}
+}

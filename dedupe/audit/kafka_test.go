@@ -11,6 +11,7 @@ import (
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/dedupe/audit"
 	"github.com/idemstream/idemstream/dedupe/audit/audittest"
+	"github.com/idemstream/idemstream/internal/testenv"
 )
 
 func fakeCluster(t *testing.T, partitions int32, topics ...string) *kafka.Client {
@@ -117,5 +118,37 @@ func TestParseFrom(t *testing.T) {
 		if _, err := audit.ParseFrom(bad, now); err == nil {
 			t.Errorf("ParseFrom(%q) accepted", bad)
 		}
+	}
+}
+
+// The same planted topic on a real Apache Kafka broker.
+func TestRealKafkaPlantedPatterns(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.UniqueName(t, "audit-claims")
+	testenv.CreateTopics(t, brokers, 3, topic)
+	transport := &kafka.Transport{}
+	t.Cleanup(transport.CloseIdleConnections)
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: transport}
+	p := audittest.Plant(topic, 3)
+	audittest.Produce(t, client, topic, p.Records)
+
+	r, err := audit.Run(context.Background(), &audit.KafkaTopic{Client: client, Topic: topic}, audit.Options{Policy: audittest.Policy(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	audittest.Check(t, p, r)
+	if r.Partitions != 3 || r.Passes != 2 {
+		t.Errorf("partitions %d, passes %d", r.Partitions, r.Passes)
+	}
+
+	// --from a time: offsets by timestamp (ListOffsets with a time).
+	late := p.Records[len(p.Records)-1].Time.Add(-3 * time.Second)
+	var n int
+	if err := (&audit.KafkaTopic{Client: client, Topic: topic, From: audit.From{Time: late}}).Scan(context.Background(),
+		func(*dedupe.Record) error { n++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Errorf("--from %s read %d records, want the 2 late ones", late.Format(time.RFC3339), n)
 	}
 }

@@ -60,7 +60,8 @@ func uuidOf(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", 
 // amount (a real conflict); keys 170-171 used again three hours later for
 // another order (a business key); ten garbage records.
 func Plant(topic string, partitions int) Planted {
-	t0 := time.Date(2026, 3, 1, 9, 0, 0, 0, time.UTC)
+	// Recent times: a real broker's retention would delete older records.
+	t0 := time.Now().Add(-4 * time.Hour).Truncate(time.Second)
 	type rec struct {
 		at   time.Time
 		key  string // "" for none
