@@ -56,3 +56,13 @@ func (h *histogram) quantile(q float64) time.Duration {
 	}
 	return h.max
 }
+
+// merge adds the counts of o.
+func (h *histogram) merge(o *histogram) {
+	for i := range h.counts {
+		h.counts[i] += o.counts[i]
+		h.top[i] = max(h.top[i], o.top[i])
+	}
+	h.n += o.n
+	h.max = max(h.max, o.max)
+}

@@ -131,43 +131,80 @@ type Report struct {
 const minVolatileKeys = 3
 
 // Report summarizes the first pass. Decisions are filled in by Run.
-func (a *Analyzer) Report() *Report {
-	pol := a.opts.Policy
+func (a *Analyzer) Report() *Report { return report([]*Analyzer{a}) }
+
+// report summarizes the first pass of analyzers that each saw the
+// records of some keys (Run shards keys over the processors).
+func report(shards []*Analyzer) *Report {
+	a0 := shards[0]
+	pol := a0.opts.Policy
 	r := &Report{
-		Topic: a.topic, Partitions: len(a.parts), Records: a.records, Keys: int64(len(a.keys)),
 		Copies:          map[string]int64{"1": 0, "2": 0, "3+": 0},
 		Invalid:         map[string]int64{},
 		InvalidExamples: map[string][]string{},
-		Truncated:       a.truncated,
 		Passes:          1,
 		Rules: Rules{
-			Configured: a.opts.Configured, Volatile: nonNil(pol.Rules.Volatile), Unordered: nonNil(pol.Rules.Unordered),
-			Window: Duration(pol.Window), VolatileShare: a.opts.VolatileShare,
+			Configured: a0.opts.Configured, Volatile: nonNil(pol.Rules.Volatile), Unordered: nonNil(pol.Rules.Unordered),
+			Window: Duration(pol.Window), VolatileShare: a0.opts.VolatileShare,
 		},
 	}
 	for _, reason := range []dedupe.Reason{dedupe.ReasonMissingKey, dedupe.ReasonInvalidKey, dedupe.ReasonMalformedPayload, dedupe.ReasonPayloadTooLarge} {
 		r.Invalid[string(reason)] = 0
 		r.InvalidExamples[string(reason)] = []string{}
 	}
-	for reason, st := range a.invalid {
-		r.Invalid[string(reason)] = st.count
-		r.InvalidExamples[string(reason)] = st.examples
+	parts := map[int]bool{}
+	var h histogram
+	pointers, reorders := map[string]*pointerStats{}, map[string]*pointerStats{}
+	merge := func(into map[string]*pointerStats, a *Analyzer, from map[uint32]*pointerStats) {
+		for gen, st := range from {
+			m := into[a.gen(gen)]
+			if m == nil {
+				m = &pointerStats{}
+				into[a.gen(gen)] = m
+			}
+			m.keys += st.keys
+			for _, e := range st.examples {
+				if len(m.examples) < 2 && !slices.Contains(m.examples, e) {
+					m.examples = append(m.examples, e)
+				}
+			}
+		}
 	}
 	var multi int64
-	for _, ks := range a.keys {
-		switch {
-		case ks.copies == 1:
-			r.Copies["1"]++
-		case ks.copies == 2:
-			r.Copies["2"]++
-		default:
-			r.Copies["3+"]++
+	for _, a := range shards {
+		if r.Topic == "" {
+			r.Topic = a.topic
 		}
-		if ks.copies > 1 {
-			multi++
+		r.Records += a.records
+		r.Keys += int64(len(a.keys))
+		r.Truncated += a.truncated
+		for p := range a.parts {
+			parts[p] = true
 		}
-		r.Retries += int64(ks.copies) - 1
+		for reason, st := range a.invalid {
+			r.Invalid[string(reason)] += st.count
+			ex := r.InvalidExamples[string(reason)]
+			r.InvalidExamples[string(reason)] = append(ex, st.examples[:min(len(st.examples), maxExamples-len(ex))]...)
+		}
+		for _, ks := range a.keys {
+			switch {
+			case ks.copies == 1:
+				r.Copies["1"]++
+			case ks.copies == 2:
+				r.Copies["2"]++
+			default:
+				r.Copies["3+"]++
+			}
+			if ks.copies > 1 {
+				multi++
+			}
+			r.Retries += int64(ks.copies) - 1
+		}
+		h.merge(&a.intervals)
+		merge(pointers, a, a.pointers)
+		merge(reorders, a, a.reorders)
 	}
+	r.Partitions = len(parts)
 	share := func(keys int64) float64 {
 		if multi == 0 {
 			return 0
@@ -175,41 +212,42 @@ func (a *Analyzer) Report() *Report {
 		return float64(keys) / float64(multi)
 	}
 
-	volatile := map[uint32]bool{}
+	volatile := map[string]bool{}
 	r.VolatileCandidates, r.Conflicts.Pointers = []Candidate{}, []Candidate{}
-	for gen, st := range a.pointers {
-		c := Candidate{Pointer: a.gen(gen), Keys: st.keys, Share: round3(share(st.keys)), Examples: st.examples}
-		if share(st.keys) >= a.opts.VolatileShare && st.keys >= minVolatileKeys {
-			volatile[gen] = true
+	for ptr, st := range pointers {
+		c := Candidate{Pointer: ptr, Keys: st.keys, Share: round3(share(st.keys)), Examples: st.examples}
+		if share(st.keys) >= a0.opts.VolatileShare && st.keys >= minVolatileKeys {
+			volatile[ptr] = true
 			r.VolatileCandidates = append(r.VolatileCandidates, c)
 		} else {
 			r.Conflicts.Pointers = append(r.Conflicts.Pointers, c)
 		}
 	}
 	r.UnorderedCandidates = []Candidate{}
-	for gen, st := range a.reorders {
-		r.UnorderedCandidates = append(r.UnorderedCandidates, Candidate{Pointer: a.gen(gen), Keys: st.keys, Share: round3(share(st.keys))})
+	for ptr, st := range reorders {
+		r.UnorderedCandidates = append(r.UnorderedCandidates, Candidate{Pointer: ptr, Keys: st.keys, Share: round3(share(st.keys))})
 	}
 	for _, l := range [][]Candidate{r.VolatileCandidates, r.Conflicts.Pointers, r.UnorderedCandidates} {
 		slices.SortFunc(l, func(x, y Candidate) int {
 			return cmp.Or(cmp.Compare(y.Keys, x.Keys), cmp.Compare(x.Pointer, y.Pointer))
 		})
 	}
-	for _, ks := range a.keys {
-		for _, g := range ks.diffs {
-			if g&genReorder == 0 && !volatile[g] {
-				r.Conflicts.Keys++
-				break
+	for _, a := range shards {
+		for _, ks := range a.keys {
+			for _, g := range ks.diffs {
+				if g&genReorder == 0 && !volatile[a.gen(g)] {
+					r.Conflicts.Keys++
+					break
+				}
 			}
 		}
 	}
 
-	h := &a.intervals
 	r.RetryInterval = Intervals{Count: int64(h.n), P50: Duration(h.quantile(0.5)), P90: Duration(h.quantile(0.9)),
 		P99: Duration(h.quantile(0.99)), Max: Duration(h.max)}
 
-	r.Suggested = a.suggest(r)
-	r.ReusedAfterWindow = a.reused(r.Suggested.Window.D())
+	r.Suggested = a0.suggest(r)
+	r.ReusedAfterWindow = reused(shards, r.Suggested.Window.D())
 	return r
 }
 
@@ -261,11 +299,13 @@ func (a *Analyzer) suggest(r *Report) Suggested {
 
 // reused finds the keys seen again more than window after their previous
 // copy, longest gaps first.
-func (a *Analyzer) reused(window time.Duration) Reused {
+func reused(shards []*Analyzer, window time.Duration) Reused {
 	var hits []*keyState
-	for _, ks := range a.keys {
-		if ks.maxGap > int64(window) {
-			hits = append(hits, ks)
+	for _, a := range shards {
+		for _, ks := range a.keys {
+			if ks.maxGap > int64(window) {
+				hits = append(hits, ks)
+			}
 		}
 	}
 	slices.SortFunc(hits, func(x, y *keyState) int {

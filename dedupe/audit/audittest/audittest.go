@@ -271,3 +271,57 @@ func Produce(t testing.TB, client *kafka.Client, topic string, recs []dedupe.Rec
 	}
 	return out
 }
+
+// Command1K is a command of about 1 KB, as the benchmarks read: an order
+// with five items, an address and a note, and the fields a retry changes
+// (client_time, retry_count, trace_id). Copy 0 is the first; each copy
+// after it changes the volatile fields, and every third one also the
+// order of the items.
+func Command1K(key string, n, copy int, at time.Time) []byte {
+	items := make([]string, 5)
+	for i := range items {
+		items[i] = fmt.Sprintf(`{"sku":"SKU-%05d-%d","qty":%d,"price":%d.%02d,"name":"item %d of order %d"}`, (n*7+i)%100000, i, 1+(n+i)%3, 5+(n*i)%90, (n+i)%100, i, n)
+	}
+	if copy > 0 && copy%3 == 0 {
+		items = append(items[2:], items[:2]...)
+	}
+	note := strings.Repeat("please leave the parcel at the door ", 9)
+	return fmt.Appendf(nil, `{"order_id":"o-%d","user_id":"u-%d","coupon_id":%d,"amount":%d.50,"currency":"EUR",`+
+		`"items":[%s],"address":{"street":"%d Long Road","city":"Springfield","zip":"%05d","country":"DE"},`+
+		`"note":"%s","key":"%s","client_time":"%s","retry_count":%d,"trace_id":"%016x"}`,
+		n, n%50000, 10000+n%500, 20+n%300, strings.Join(items, ","), n%999, n%99999, note, key,
+		at.Format(time.RFC3339Nano), copy, uint64(n)*2654435761+uint64(copy))
+}
+
+// Stream1K returns n records of about 1 KB on the given partitions, in
+// time order 5 ms apart: one record in four is a retry (a second or
+// third copy) of a key sent up to 5,000 records (25 s) before.
+func Stream1K(topic string, partitions, n int, t0 time.Time) []dedupe.Record {
+	out := make([]dedupe.Record, 0, n)
+	next := make([]int64, partitions)
+	type sent struct{ key, copies int }
+	var recent []sent
+	keys := 0
+	for i := range n {
+		at := t0.Add(time.Duration(i) * 5 * time.Millisecond)
+		k, copy := keys, 0
+		if i%4 == 3 && len(recent) > 0 {
+			j := len(recent) - 1 - int(uint64(i)*2654435761%uint64(min(len(recent), 5000)))
+			recent[j].copies++
+			k, copy = recent[j].key, recent[j].copies
+		} else {
+			recent = append(recent, sent{key: k})
+			if len(recent) > 10000 {
+				recent = append(recent[:0], recent[5000:]...)
+			}
+			keys++
+		}
+		key := fmt.Sprintf("%08x-0000-4000-8000-%012d", k, k)
+		part := k % partitions
+		out = append(out, dedupe.Record{Topic: topic, Partition: part, Offset: next[part], Time: at,
+			Headers: []dedupe.Header{{Key: "Idempotency-Key", Value: []byte(key)}},
+			Value:   Command1K(key, k, copy, at)})
+		next[part]++
+	}
+	return out
+}
