@@ -289,8 +289,22 @@ func (a *Analyzer) compare(ks *keyState, s, t summary) {
 		}
 		diffs = append(diffs, d)
 	}
+	// Arrays whose elements changed inside and also moved: match the
+	// elements before comparing them, so that a reordered list whose
+	// items carry a timestamp reports the timestamp, not every field.
+	var matched []uint32
+	for _, d := range diffs {
+		if d.inS && d.inT && d.s&kindMask == kindArray && d.t&kindMask == kindArray && !a.under(d.id, matched) {
+			if a.matchElements(ks, d.id, s) {
+				matched = append(matched, d.id)
+			}
+		}
+	}
 	for _, d := range diffs {
 		info := a.paths.info[d.id]
+		if a.under(d.id, matched) {
+			continue
+		}
 		if arr, ok := a.reordered(d.id, s, t); ok {
 			a.note(ks, a.paths.info[arr].gen|genReorder, "")
 			continue
@@ -322,6 +336,147 @@ func (a *Analyzer) compare(ks *keyState, s, t summary) {
 			example = a.valueOf(d.id)
 		}
 		a.note(ks, info.gen, example)
+	}
+}
+
+// under reports whether an ancestor of id is one of arrays.
+func (a *Analyzer) under(id uint32, arrays []uint32) bool {
+	if len(arrays) == 0 {
+		return false
+	}
+	for p := a.paths.info[id].parent; p != noPath; p = a.paths.info[p].parent {
+		if slices.Contains(arrays, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// matchElements pairs the elements of the array at id in the payload just
+// walked with those of the first copy (s), each with the one it shares
+// most values with. When that pairing beats the elements' own positions,
+// the array was reordered: it notes the reorder and what differs inside
+// the paired elements, and returns true. Otherwise the positions stand.
+func (a *Analyzer) matchElements(ks *keyState, id uint32, s summary) bool {
+	nodes := a.walker.nodes
+	arr := -1
+	for i, n := range nodes {
+		if n.id == id {
+			arr = i
+			break
+		}
+	}
+	if arr < 0 {
+		return false
+	}
+	var elems []int // node indexes of the elements, in order
+	for i := arr + 1; i < len(nodes) && nodes[i].start < nodes[arr].end; i++ {
+		if nodes[i].parent == int32(arr) {
+			elems = append(elems, i)
+		}
+	}
+	base := a.paths.info[id].ptr
+	var sElems []string // pointers of the first copy's elements
+	for j := 0; ; j++ {
+		ptr := base + "/" + strconv.Itoa(j)
+		eid, ok := a.paths.ids[ptr]
+		if !ok {
+			break
+		}
+		if _, ok := s.find(eid); !ok {
+			break
+		}
+		sElems = append(sElems, ptr)
+	}
+	if len(elems) < 2 || len(sElems) < 2 {
+		return false
+	}
+	// similarity counts the values of T's element i equal at the same
+	// place in S's element j.
+	similarity := func(i, j int) int {
+		e := elems[i]
+		prefix := a.paths.info[nodes[e].id].ptr
+		n := 0
+		for k := e; k < len(nodes) && nodes[k].start < nodes[e].end; k++ {
+			if nodes[k].kind() != kindScalar || nodes[k].id == noPath {
+				continue
+			}
+			sid, ok := a.paths.ids[sElems[j]+a.paths.info[nodes[k].id].ptr[len(prefix):]]
+			if !ok {
+				continue
+			}
+			if h, ok := s.find(sid); ok && h == nodes[k].hash {
+				n++
+			}
+		}
+		return n
+	}
+	pair := make([]int, len(elems))
+	used := make([]bool, len(sElems))
+	identity, best := 0, 0
+	for i := range elems {
+		if i < len(sElems) {
+			identity += similarity(i, i)
+		}
+		pick, score := -1, -1
+		for j := range sElems {
+			if used[j] {
+				continue
+			}
+			sc := similarity(i, j)
+			if sc > score || (sc == score && j == i) {
+				pick, score = j, sc
+			}
+		}
+		pair[i] = pick
+		if pick >= 0 {
+			used[pick] = true
+			best += score
+		}
+	}
+	if best <= identity {
+		return false
+	}
+	a.note(ks, a.paths.info[id].gen|genReorder, "")
+	for i, e := range elems {
+		j := pair[i]
+		if j < 0 {
+			a.note(ks, a.paths.info[nodes[e].id].gen, exampleText(a.canonB[nodes[e].start:nodes[e].end]))
+			continue
+		}
+		a.diffElement(ks, e, sElems[j], s)
+	}
+	return true
+}
+
+// diffElement notes what differs between T's element at node e and S's
+// element at pointer sPtr, place by place. Values only in S's element
+// are not named: their pointers are not in T, and a removed field of a
+// moved element is rare enough to leave to the positions.
+func (a *Analyzer) diffElement(ks *keyState, e int, sPtr string, s summary) {
+	nodes := a.walker.nodes
+	prefix := a.paths.info[nodes[e].id].ptr
+	skipUntil := int32(-1)
+	for k := e; k < len(nodes) && nodes[k].start < nodes[e].end; k++ {
+		n := nodes[k]
+		if n.start < skipUntil || n.id == noPath {
+			continue
+		}
+		sid, ok := a.paths.ids[sPtr+a.paths.info[n.id].ptr[len(prefix):]]
+		h, found := uint32(0), false
+		if ok {
+			h, found = s.find(sid)
+		}
+		switch {
+		case !found:
+			a.note(ks, a.paths.info[n.id].gen, exampleText(a.canonB[n.start:n.end]))
+			skipUntil = n.end
+		case h == n.hash:
+			skipUntil = n.end
+		case h&kindMask != n.kind() || n.kind() == kindScalar:
+			a.note(ks, a.paths.info[n.id].gen, exampleText(a.canonB[n.start:n.end]))
+			skipUntil = n.end
+		}
 	}
 }
 
