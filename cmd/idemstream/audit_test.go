@@ -220,3 +220,24 @@ func TestAuditRealKafka(t *testing.T) {
 		t.Errorf("contract of the suggested file exited %d: %s%s", c.code, c.stderr, c.stdout)
 	}
 }
+
+func TestAuditEmptyTopic(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "empty"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	dir := t.TempDir()
+	r := runCLI(t, "", "audit", "--brokers", strings.Join(c.ListenAddrs(), ","), "--topic", "empty", "--output", "json",
+		"--suggest", filepath.Join(dir, "cfg.yaml"))
+	if r.code != 0 {
+		t.Fatalf("audit of an empty topic exited %d: %s", r.code, r.stderr)
+	}
+	rep := decodeReport(t, r.stdout)
+	if rep.Records != 0 || rep.Partitions != 4 || rep.Suggested.Window.D() != 10*time.Minute || rep.Suggested.ClientMaxRetryInterval.D() != 30*time.Second {
+		t.Errorf("empty topic: %+v", rep)
+	}
+	if c := runCLI(t, "", "contract", "--config", filepath.Join(dir, "cfg.yaml")); c.code != 0 {
+		t.Errorf("contract of the suggestion for an empty topic exited %d: %s", c.code, c.stderr)
+	}
+}

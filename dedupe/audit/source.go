@@ -82,6 +82,14 @@ func Run(ctx context.Context, src Source, opts Options) (*Report, error) {
 		return nil, err
 	}
 	rep := report(analyzers)
+	if pc, ok := src.(interface {
+		Partitions(context.Context) (int, error)
+	}); ok {
+		// The topic's partitions, also those that held no record.
+		if n, err := pc.Partitions(ctx); err == nil {
+			rep.Partitions = n
+		}
+	}
 	pol := analyzers[0].Options().Policy
 	rep.DecisionWindow = Duration(pol.Window)
 	if !opts.Configured {
