@@ -241,3 +241,39 @@ func TestAuditEmptyTopic(t *testing.T) {
 		t.Errorf("contract of the suggestion for an empty topic exited %d: %s", c.code, c.stderr)
 	}
 }
+
+func TestAuditKeyFromFieldAndMessageKey(t *testing.T) {
+	brokers, p := plantedTopic(t)
+	r := runCLI(t, "", "audit", "--brokers", brokers, "--topic", "claims", "--key", "field:/order_id", "--format", "regex:o-[0-9]+(-b)?",
+		"--max-payload-bytes", "4096", "--output", "json")
+	if r.code != 0 {
+		t.Fatalf("audit --key field: exited %d: %s", r.code, r.stderr)
+	}
+	rep := decodeReport(t, r.stdout)
+	// Order ids as keys: the 200 orders, the two later orders, the
+	// order of the garbage records without a header (one id for three).
+	if rep.Keys != 200+2+2 || rep.ReusedAfterWindow.Keys != 0 || rep.Invalid["malformed_payload"] != p.Malformed {
+		t.Errorf("field keys: %d keys, %d reused, invalid %v", rep.Keys, rep.ReusedAfterWindow.Keys, rep.Invalid)
+	}
+	r = runCLI(t, "", "audit", "--brokers", brokers, "--topic", "claims", "--key", "message_key", "--output", "json")
+	if r.code != 0 {
+		t.Fatalf("audit --key message_key exited %d: %s", r.code, r.stderr)
+	}
+	if rep := decodeReport(t, r.stdout); rep.Invalid["missing_key"] != p.Records0 || rep.Keys != 0 || rep.Decisions.Idemstream.Invalid != p.Records0 {
+		t.Errorf("records without a message key: %+v", rep.Invalid)
+	}
+}
+
+func TestAuditProgressLine(t *testing.T) {
+	var b strings.Builder
+	pl := progressLine(&b)
+	pl(audit.Progress{Pass: 1, Read: 250, Total: 1000})
+	pl(audit.Progress{Pass: 2, Read: 1000, Total: 1000})
+	out := b.String()
+	if !strings.Contains(out, "\rreading: 250/1000 records (25%") && !strings.Contains(out, "reading: 250/1000 records (25%") {
+		t.Errorf("progress line %q", out)
+	}
+	if !strings.Contains(out, "deciding under the suggested rules: 1000/1000 records (100%") || strings.Count(out, "\r") != 2 {
+		t.Errorf("progress line %q: want one rewritten line per call", out)
+	}
+}
