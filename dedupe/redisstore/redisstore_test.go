@@ -482,7 +482,8 @@ func BenchmarkServerCPUPerRecord(b *testing.B) {
 	holder := "host-7f9c-4411-1a2b3c4d/g12/coupon.claim.commands/3"
 	var prev []string
 	seq := 0
-	var cpu time.Duration
+	var cpu, decideCPU, completeCPU time.Duration
+	completions := 0
 	b.ResetTimer()
 	for range b.N {
 		reqs := make([]dedupe.DecideRequest, 0, batch)
@@ -507,6 +508,8 @@ func BenchmarkServerCPUPerRecord(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		mid := serverCPU(b, c)
+		decideCPU += mid - before
 		var comps []dedupe.Completion
 		for i, d := range decs {
 			if d.Verdict == dedupe.VerdictFirst {
@@ -517,8 +520,13 @@ func BenchmarkServerCPUPerRecord(b *testing.B) {
 		if _, err := s.Complete(ctx, comps); err != nil {
 			b.Fatal(err)
 		}
-		cpu += serverCPU(b, c) - before
+		after := serverCPU(b, c)
+		cpu += after - before
+		completeCPU += after - mid
+		completions += len(comps)
 		prev = keys
 	}
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*batch), "server-µs/record")
+	b.ReportMetric(float64(decideCPU.Microseconds())/float64(b.N*batch), "decide-µs/record")
+	b.ReportMetric(float64(completeCPU.Microseconds())/float64(max(completions, 1)), "complete-µs/first")
 }
