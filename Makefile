@@ -23,12 +23,17 @@ fuzz:
 bench:
 	go test ./dedupe -run '^$$' -bench 'Fingerprint|JCS' -benchmem -count 6 | tee bench.txt
 
-# Throughput of the strict pipeline against a bare kafka-go loop, on real
-# servers (LOAD_RECORDS=200000 make load for a longer run).
-LOAD_RECORDS ?= 50000
+# Throughput of `idemstream run` against the strongest kafka-go passthrough
+# (internal/load/passthrough) over one backlog on the same real broker and
+# Redis, each from process start to lag 0; prints both rates, the ratio,
+# Redis CPU per record and peak RSS (LOAD_RECORDS=20000 make load for a
+# quick run; LOAD_REDIS_AOF=1 for a Redis with appendfsync always).
+LOAD_RECORDS ?= 325000
+LOAD_REDIS_AOF ?=
 load:
 	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start && \
-	  IDEMSTREAM_LOAD=1 IDEMSTREAM_LOAD_RECORDS=$(LOAD_RECORDS) go test ./consumer -run TestLoadStrictPipelineVsBareLoop -count=1 -v -timeout 30m | grep -E "load_test|ok|FAIL"'
+	  IDEMSTREAM_LOAD=1 IDEMSTREAM_LOAD_RECORDS=$(LOAD_RECORDS) IDEMSTREAM_LOAD_REDIS_AOF=$(LOAD_REDIS_AOF) \
+	  go test ./internal/load -run TestThroughput -count=1 -v -timeout 40m'
 
 # Redis decisions per second next to redis-benchmark's pipelined SET.
 bench-redis:
