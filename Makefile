@@ -1,5 +1,5 @@
 # The README's commands. `make test` is what CI runs.
-.PHONY: test demo build fuzz bench vet load bench-redis chaos
+.PHONY: test demo build fuzz bench vet load latency bench-redis chaos
 
 test:
 	./internal/testenv/scripts/test.sh
@@ -34,6 +34,16 @@ load:
 	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start && \
 	  IDEMSTREAM_LOAD=1 IDEMSTREAM_LOAD_RECORDS=$(LOAD_RECORDS) IDEMSTREAM_LOAD_REDIS_AOF=$(LOAD_REDIS_AOF) \
 	  go test ./internal/load -run TestThroughput -count=1 -v -timeout 40m'
+
+# Latency added at a fixed rate (half the passthrough's maximum on a
+# backlog measured first, or LATENCY_RATE records/s) for LATENCY_DURATION:
+# p50 and p99 from record time to result seen, passthrough and idemstream.
+LATENCY_RATE ?=
+LATENCY_DURATION ?= 30s
+latency:
+	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start && \
+	  IDEMSTREAM_LATENCY=1 IDEMSTREAM_LATENCY_RATE=$(LATENCY_RATE) IDEMSTREAM_LATENCY_DURATION=$(LATENCY_DURATION) \
+	  go test ./internal/load -run TestLatency -count=1 -v -timeout 40m'
 
 # Redis decisions per second next to redis-benchmark's pipelined SET.
 bench-redis:
