@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
@@ -347,34 +348,106 @@ func readAll(ctx context.Context, brokers []string, topic string, end map[int]in
 	return <-errs
 }
 
-// scrapeRecords reads idemstream_records_total by outcome from /metrics.
-func scrapeRecords(addr string) (map[string]float64, error) {
+// series is one scraped Prometheus sample.
+type series struct {
+	name   string
+	labels string // as printed, without the braces
+	value  float64
+}
+
+// scrape reads every sample of addr's /metrics (text format).
+func scrape(addr string) ([]series, error) {
 	res, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return nil, err
 	}
 	defer res.Body.Close()
-	out := map[string]float64{}
-	s := bufio.NewScanner(res.Body)
+	return parseMetrics(res.Body)
+}
+
+func parseMetrics(r io.Reader) ([]series, error) {
+	var out []series
+	s := bufio.NewScanner(r)
 	s.Buffer(make([]byte, 1<<20), 1<<20)
 	for s.Scan() {
 		line := s.Text()
-		if !strings.HasPrefix(line, "idemstream_records_total{") {
+		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		_, rest, _ := strings.Cut(line, `outcome="`)
-		outcome, rest, _ := strings.Cut(rest, `"`)
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
 			continue
 		}
-		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		v, err := strconv.ParseFloat(line[i+1:], 64)
 		if err != nil {
 			continue
 		}
-		out[outcome] += v
+		head := line[:i]
+		name, labels, _ := strings.Cut(head, "{")
+		out = append(out, series{name: name, labels: strings.TrimSuffix(labels, "}"), value: v})
 	}
 	return out, s.Err()
+}
+
+// label returns the value of label name in a printed label set.
+func label(labels, name string) string {
+	_, rest, ok := strings.Cut(","+labels, ","+name+`="`)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(rest, `"`)
+	return v
+}
+
+// sumBy adds the samples of metric by the value of one label.
+func sumBy(all []series, metric, by string) map[string]float64 {
+	out := map[string]float64{}
+	for _, s := range all {
+		if s.name == metric {
+			out[label(s.labels, by)] += s.value
+		}
+	}
+	return out
+}
+
+// cpuSeconds is the user plus system CPU time a process used so far
+// (/proc/PID/stat, in clock ticks of 1/100 s), or -1.
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	// The fields after the command name, which is in parentheses and may
+	// hold spaces: state is field 3, utime 14, stime 15.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 13 {
+		return -1
+	}
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return -1
+	}
+	return (utime + stime) / 100
+}
+
+// brokerPID is the process of the test broker that scripts/kafka.sh
+// started, or 0 when the broker is not ours to see.
+func brokerPID() int {
+	dir := os.Getenv("IDEMSTREAM_TESTENV_DIR")
+	if dir == "" {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "kafka", "kafka.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || cpuSeconds(pid) < 0 {
+		return 0
+	}
+	return pid
 }
 
 // waitHTTP polls url until it answers 200.

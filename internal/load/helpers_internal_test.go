@@ -1,6 +1,9 @@
 package load
 
 import (
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,5 +53,49 @@ func TestLagCountsUncommittedPartitionsFromZero(t *testing.T) {
 	}
 	if got := lag(end, map[int]int64{0: 10, 1: 5, 2: -1}); got != 0 {
 		t.Errorf("lag %d, want 0", got)
+	}
+}
+
+func TestParseMetricsSumsByLabel(t *testing.T) {
+	text := `# HELP idemstream_records_total Input records by outcome.
+# TYPE idemstream_records_total counter
+idemstream_records_total{outcome="first",pipeline="load"} 7
+idemstream_records_total{outcome="replay",pipeline="load"} 3
+idemstream_records_total{outcome="first",pipeline="other"} 1
+idemstream_store_duration_seconds_sum{op="decide"} 0.25
+idemstream_store_duration_seconds_count{op="decide"} 10
+go_goroutines 12
+`
+	all, err := parseMetrics(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := sumBy(all, "idemstream_records_total", "outcome")
+	if got["first"] != 8 || got["replay"] != 3 || len(got) != 2 {
+		t.Errorf("records by outcome %v, want first=8 replay=3", got)
+	}
+	if got := sumBy(all, "idemstream_store_duration_seconds_count", "op")["decide"]; got != 10 {
+		t.Errorf("decide count %v", got)
+	}
+	if got := label(`outcome="first",pipeline="load"`, "pipeline"); got != "load" {
+		t.Errorf("label pipeline = %q", got)
+	}
+	if got := label(`xpipeline="a",pipeline="b"`, "pipeline"); got != "b" {
+		t.Errorf("label pipeline = %q, want b (not the one of xpipeline)", got)
+	}
+}
+
+func TestCPUSecondsOfThisProcess(t *testing.T) {
+	before := cpuSeconds(os.Getpid())
+	if before < 0 {
+		t.Skip("no /proc here")
+	}
+	for deadline := time.Now().Add(5 * time.Second); cpuSeconds(os.Getpid()) < before+0.05; {
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s of spinning moved the CPU time from %v to %v", before, cpuSeconds(os.Getpid()))
+		}
+		for range 1000000 {
+			_ = strconv.Itoa(7)
+		}
 	}
 }

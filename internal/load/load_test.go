@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -60,11 +61,14 @@ func TestThroughput(t *testing.T) {
 		n, partitions, w.keys, w.retries, produced.Round(time.Millisecond))
 
 	// The passthrough.
+	broker := brokerPID()
+	brokerCPU := cpuSeconds(broker)
 	pass := startProcess(t, "passthrough", passBin, "--brokers", strings.Join(brokers, ","),
 		"--input", in, "--output", passOut, "--group", run+".pass")
 	passDone := waitCaughtUp(ctx, t, pass, input, run+".pass", end, bound, nil)
 	passTime := passDone.Sub(pass.started)
 	_, passPeak := pass.memory()
+	passCPU := cpus{consumer: cpuSeconds(pass.cmd.Process.Pid), broker: cpuSeconds(broker) - brokerCPU}
 	if !pass.stop(15 * time.Second) {
 		t.Errorf("passthrough did not stop cleanly: %v\n%s", pass.err, pass.tail(10))
 	}
@@ -79,19 +83,22 @@ func TestThroughput(t *testing.T) {
 	metricsAddr := testenv.FreeAddr(t)
 	config := filepath.Join(t.TempDir(), "idemstream.yaml")
 	writeConfig(t, config, brokers, redisAddr, run, in, out, dlq)
+	brokerCPU = cpuSeconds(broker)
 	idem := startProcess(t, "idemstream", idemBin, "run", "--config", config, "--metrics-addr", metricsAddr, "--log-format", "text")
 	var rssAt [4]int64
 	idemDone := waitCaughtUp(ctx, t, idem, input, run+".load", end, bound, &rssAt)
 	idemTime := idemDone.Sub(idem.started)
+	idemCPU := cpus{consumer: cpuSeconds(idem.cmd.Process.Pid), broker: cpuSeconds(broker) - brokerCPU}
 	infoAfter, err := rdb.Info(ctx, "cpu", "commandstats").Result()
 	if err != nil {
 		t.Fatalf("redis INFO: %v", err)
 	}
 	_, idemPeak := idem.memory()
-	outcomes, err := scrapeRecords(metricsAddr)
+	metrics, err := scrape(metricsAddr)
 	if err != nil {
 		t.Errorf("scrape %s/metrics: %v", metricsAddr, err)
 	}
+	outcomes := sumBy(metrics, "idemstream_records_total", "outcome")
 	if !idem.stop(15 * time.Second) {
 		t.Errorf("idemstream did not stop cleanly: %v\n%s", idem.err, idem.tail(10))
 	}
@@ -105,7 +112,10 @@ func TestThroughput(t *testing.T) {
 	t.Logf("idemstream RSS at 25/50/75/100%% of the backlog: %.0f / %.0f / %.0f / %.0f MB",
 		mb(rssAt[0]), mb(rssAt[1]), mb(rssAt[2]), mb(rssAt[3]))
 	t.Logf("ratio idemstream / passthrough: %.2f (goal >= 0.70)", idemRate/passRate)
-	reportRedis(t, infoBefore, infoAfter, n)
+	t.Logf("CPU per record, passthrough run: %s", passCPU.perRecord(n, -1))
+	redisCPU := reportRedis(t, infoBefore, infoAfter, n)
+	t.Logf("CPU per record, idemstream run: %s", idemCPU.perRecord(n, redisCPU))
+	reportStore(t, metrics, n)
 
 	// One result per key, from the output topic itself.
 	verifyResults(ctx, t, brokers, client, out, dlq, w, outcomes)
@@ -147,9 +157,52 @@ pipelines:
 	}
 }
 
+// cpus is the CPU time, in seconds, that the consumer process used from
+// its start to lag 0, and the broker in the same span (-1: not known).
+type cpus struct{ consumer, broker float64 }
+
+func (c cpus) perRecord(records int, redis float64) string {
+	us := func(s float64) string {
+		if s < 0 {
+			return "?"
+		}
+		return fmt.Sprintf("%.1f µs", s*1e6/float64(records))
+	}
+	out := "consumer " + us(c.consumer) + ", broker " + us(c.broker)
+	if redis >= 0 {
+		out += ", redis-server " + us(redis)
+	}
+	return out
+}
+
+// reportStore prints what idemstream's own metrics say about its batches
+// and store calls.
+func reportStore(t *testing.T, metrics []series, records int) {
+	t.Helper()
+	batches := sumBy(metrics, "idemstream_decision_duration_seconds_count", "pipeline")["load"]
+	batchSecs := sumBy(metrics, "idemstream_decision_duration_seconds_sum", "pipeline")["load"]
+	if batches > 0 {
+		t.Logf("idemstream batches: %.0f (%.0f records each), mean fetch to commit-ready %.1f ms", batches, float64(records)/batches, batchSecs*1e3/batches)
+	}
+	counts := sumBy(metrics, "idemstream_store_duration_seconds_count", "op")
+	secs := sumBy(metrics, "idemstream_store_duration_seconds_sum", "op")
+	var ops []string
+	for op := range counts {
+		ops = append(ops, op)
+	}
+	slices.Sort(ops)
+	var parts []string
+	for _, op := range ops {
+		if counts[op] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f calls, mean %.1f ms", op, counts[op], secs[op]*1e3/counts[op]))
+		}
+	}
+	t.Logf("idemstream store calls: %s", strings.Join(parts, "; "))
+}
+
 // reportRedis prints the server CPU per decided record and the commands
-// that spent it.
-func reportRedis(t *testing.T, before, after string, records int) {
+// that spent it, and returns that CPU in seconds.
+func reportRedis(t *testing.T, before, after string, records int) float64 {
 	t.Helper()
 	fb, cb := parseInfo(before)
 	fa, ca := parseInfo(after)
@@ -172,6 +225,7 @@ func reportRedis(t *testing.T, before, after string, records int) {
 		t.Logf("redis   %-10s calls %8d  usec %10d  %8.1f µs/call  %6.2f µs/record",
 			strings.ToUpper(d.name), d.calls, d.usec, float64(d.usec)/float64(d.calls), float64(d.usec)/float64(records))
 	}
+	return cpu
 }
 
 // verifyResults reads the output and the dead-letter topic: every key of
