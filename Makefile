@@ -27,12 +27,15 @@ bench:
 # (internal/load/passthrough) over one backlog on the same real broker and
 # Redis, each from process start to lag 0; prints both rates, the ratio,
 # Redis CPU per record and peak RSS (LOAD_RECORDS=20000 make load for a
-# quick run; LOAD_REDIS_AOF=1 for a Redis with appendfsync always).
+# quick run; LOAD_REDIS_AOF=1 for a Redis with appendfsync always;
+# LOAD_PASSTHROUGH_ARGS='--overlap-commit' to try the passthrough's flags).
 LOAD_RECORDS ?= 325000
 LOAD_REDIS_AOF ?=
+LOAD_PASSTHROUGH_ARGS ?=
 load:
 	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start && \
 	  IDEMSTREAM_LOAD=1 IDEMSTREAM_LOAD_RECORDS=$(LOAD_RECORDS) IDEMSTREAM_LOAD_REDIS_AOF=$(LOAD_REDIS_AOF) \
+	  IDEMSTREAM_LOAD_PASSTHROUGH_ARGS="$(LOAD_PASSTHROUGH_ARGS)" \
 	  go test ./internal/load -run TestThroughput -count=1 -v -timeout 40m'
 
 # Latency added at a fixed rate (half the passthrough's maximum on a

@@ -63,8 +63,9 @@ func TestThroughput(t *testing.T) {
 	// The passthrough.
 	broker := brokerPID()
 	brokerCPU := cpuSeconds(broker)
-	pass := startProcess(t, "passthrough", passBin, "--brokers", strings.Join(brokers, ","),
-		"--input", in, "--output", passOut, "--group", run+".pass")
+	passArgs := append([]string{"--brokers", strings.Join(brokers, ","), "--input", in, "--output", passOut, "--group", run + ".pass"},
+		strings.Fields(os.Getenv("IDEMSTREAM_LOAD_PASSTHROUGH_ARGS"))...)
+	pass := startProcess(t, "passthrough", passBin, passArgs...)
 	passDone := waitCaughtUp(ctx, t, pass, input, run+".pass", end, bound, nil)
 	passTime := passDone.Sub(pass.started)
 	_, passPeak := pass.memory()
@@ -105,8 +106,8 @@ func TestThroughput(t *testing.T) {
 
 	// The figures.
 	passRate, idemRate := float64(n)/passTime.Seconds(), float64(n)/idemTime.Seconds()
-	t.Logf("passthrough (fetch and write overlapped, batches of 1000, Writer BatchSize 2000, acks=all, commit per batch): %.0f records/s (%v from process start to lag 0), peak RSS %.0f MB",
-		passRate, passTime.Round(time.Millisecond), mb(passPeak))
+	t.Logf("passthrough %v (fetch and write overlapped, batches of 1000, Writer BatchSize 2000, acks=all, commit per batch): %.0f records/s (%v from process start to lag 0), peak RSS %.0f MB",
+		passArgs[8:], passRate, passTime.Round(time.Millisecond), mb(passPeak))
 	t.Logf("idemstream run (strict, volatile fields, unordered array, Redis %s): %.0f records/s (%v from process start to lag 0), peak RSS %.0f MB",
 		redisAddr, idemRate, idemTime.Round(time.Millisecond), mb(idemPeak))
 	t.Logf("idemstream RSS at 25/50/75/100%% of the backlog: %.0f / %.0f / %.0f / %.0f MB",

@@ -10,7 +10,11 @@
 // like idemstream's results) and then commits the batch. Fetching goes on
 // while a batch is written, so the broker round trips of the two overlap;
 // the commit comes only after the write was acknowledged, as it must for
-// at-least-once.
+// at-least-once. The defaults are the fastest we found on a 2-core machine
+// with a local broker: a BatchTimeout of 5 ms instead of 1 ms cost about a
+// quarter of the rate (a synchronous write of a partial batch waits it
+// out), and --batch 2000 or --overlap-commit (committing a batch while
+// the next is written) made no difference that stood out of the noise.
 //
 //	passthrough --brokers HOST:PORT --input T --output T --group G
 //

@@ -16,14 +16,15 @@ import (
 )
 
 type options struct {
-	brokers      []string
-	input        string
-	output       string
-	group        string
-	batch        int
-	writerBatch  int
-	batchTimeout time.Duration
-	maxWait      time.Duration
+	brokers       []string
+	input         string
+	output        string
+	group         string
+	batch         int
+	writerBatch   int
+	batchTimeout  time.Duration
+	maxWait       time.Duration
+	overlapCommit bool
 }
 
 func main() {
@@ -55,6 +56,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.writerBatch, "writer-batch", 2000, "kafka.Writer BatchSize")
 	fs.DurationVar(&o.batchTimeout, "batch-timeout", time.Millisecond, "kafka.Writer BatchTimeout: a synchronous write of a partial batch waits this long")
 	fs.DurationVar(&o.maxWait, "max-wait", 100*time.Millisecond, "longest fetch wait when the input is idle")
+	fs.BoolVar(&o.overlapCommit, "overlap-commit", false, "commit a batch while the next one is written")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -152,9 +154,24 @@ func run(ctx context.Context, o options) error {
 			}
 		}
 	}()
+	// With --overlap-commit the commit of a batch runs beside the write of
+	// the next one (commits stay in order, each after its batch's write).
+	commits := make(chan []kafka.Message, 1)
+	committed := make(chan struct{})
+	go func() {
+		defer close(committed)
+		for batch := range commits {
+			if err := r.CommitMessages(work, batch...); err != nil {
+				errc <- fmt.Errorf("commit %d records: %w", len(batch), err)
+				cancelWork()
+				return
+			}
+		}
+	}()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer func() { close(commits); <-committed }()
 		for batch := range batches {
 			out := make([]kafka.Message, len(batch))
 			for i, m := range batch {
@@ -163,6 +180,14 @@ func run(ctx context.Context, o options) error {
 			if err := w.WriteMessages(work, out...); err != nil {
 				errc <- fmt.Errorf("write %d records to %s: %w", len(out), o.output, err)
 				return
+			}
+			if o.overlapCommit {
+				select {
+				case commits <- batch:
+				case <-work.Done():
+					return
+				}
+				continue
 			}
 			if err := r.CommitMessages(work, batch...); err != nil {
 				errc <- fmt.Errorf("commit %d records: %w", len(batch), err)
