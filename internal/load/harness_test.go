@@ -432,6 +432,20 @@ func cpuSeconds(pid int) float64 {
 	return (utime + stime) / 100
 }
 
+// loadAverage is the first three fields of /proc/loadavg: how busy the
+// machine was, to judge a run's noise by.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
 // brokerPID is the process of the test broker that scripts/kafka.sh
 // started, or 0 when the broker is not ours to see.
 func brokerPID() int {

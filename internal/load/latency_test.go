@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +42,7 @@ func TestLatency(t *testing.T) {
 	defer cancel()
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 
+	t.Logf("machine: %d CPUs, load average %s", runtime.NumCPU(), loadAverage())
 	if rate == 0 {
 		in, out := run+".cal.in", run+".cal.out"
 		testenv.CreateTopics(t, brokers, partitions, in, out)
@@ -145,6 +147,7 @@ func TestLatency(t *testing.T) {
 			ms(percentile(lat, 0.5)), ms(percentile(lat, 0.99)), ms(percentile(lat, 1)),
 			ms(percentile(fl, 0.5)), ms(percentile(fl, 0.99)))
 	}
+	t.Logf("machine: load average %s", loadAverage())
 	pass, idem := results["passthrough"], results["idemstream"]
 	t.Logf("added latency at %d records/s: p50 %+v, p99 %+v (goal: idemstream p99 <= passthrough p99 + 10ms)",
 		rate, ms(percentile(idem.lat, 0.5)-percentile(pass.lat, 0.5)), ms(percentile(idem.lat, 0.99)-percentile(pass.lat, 0.99)))

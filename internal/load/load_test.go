@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -57,6 +58,7 @@ func TestThroughput(t *testing.T) {
 	if got := sum(end); got != int64(n) {
 		t.Fatalf("the input holds %d records, want %d", got, n)
 	}
+	t.Logf("machine: %d CPUs, load average %s", runtime.NumCPU(), loadAverage())
 	t.Logf("backlog: %d records on %d partitions (%d keys, %d of them sent twice), produced in %v",
 		n, partitions, w.keys, w.retries, produced.Round(time.Millisecond))
 
@@ -69,7 +71,7 @@ func TestThroughput(t *testing.T) {
 	passDone := waitCaughtUp(ctx, t, pass, input, run+".pass", end, bound, nil)
 	passTime := passDone.Sub(pass.started)
 	_, passPeak := pass.memory()
-	passCPU := cpus{consumer: cpuSeconds(pass.cmd.Process.Pid), broker: cpuSeconds(broker) - brokerCPU}
+	passCPU := cpus{consumer: cpuSeconds(pass.cmd.Process.Pid), broker: since(cpuSeconds(broker), brokerCPU)}
 	if !pass.stop(15 * time.Second) {
 		t.Errorf("passthrough did not stop cleanly: %v\n%s", pass.err, pass.tail(10))
 	}
@@ -89,7 +91,7 @@ func TestThroughput(t *testing.T) {
 	var rssAt [4]int64
 	idemDone := waitCaughtUp(ctx, t, idem, input, run+".load", end, bound, &rssAt)
 	idemTime := idemDone.Sub(idem.started)
-	idemCPU := cpus{consumer: cpuSeconds(idem.cmd.Process.Pid), broker: cpuSeconds(broker) - brokerCPU}
+	idemCPU := cpus{consumer: cpuSeconds(idem.cmd.Process.Pid), broker: since(cpuSeconds(broker), brokerCPU)}
 	infoAfter, err := rdb.Info(ctx, "cpu", "commandstats").Result()
 	if err != nil {
 		t.Fatalf("redis INFO: %v", err)
@@ -106,8 +108,8 @@ func TestThroughput(t *testing.T) {
 
 	// The figures.
 	passRate, idemRate := float64(n)/passTime.Seconds(), float64(n)/idemTime.Seconds()
-	t.Logf("passthrough %v (fetch and write overlapped, batches of 1000, Writer BatchSize 2000, acks=all, commit per batch): %.0f records/s (%v from process start to lag 0), peak RSS %.0f MB",
-		passArgs[8:], passRate, passTime.Round(time.Millisecond), mb(passPeak))
+	t.Logf("passthrough%s (fetch and write overlapped, batches of 1000, Writer BatchSize 2000, acks=all, commit per batch): %.0f records/s (%v from process start to lag 0), peak RSS %.0f MB",
+		strings.Join(append([]string{""}, passArgs[8:]...), " "), passRate, passTime.Round(time.Millisecond), mb(passPeak))
 	t.Logf("idemstream run (strict, volatile fields, unordered array, Redis %s): %.0f records/s (%v from process start to lag 0), peak RSS %.0f MB",
 		redisAddr, idemRate, idemTime.Round(time.Millisecond), mb(idemPeak))
 	t.Logf("idemstream RSS at 25/50/75/100%% of the backlog: %.0f / %.0f / %.0f / %.0f MB",
@@ -118,6 +120,8 @@ func TestThroughput(t *testing.T) {
 	t.Logf("CPU per record, idemstream run: %s", idemCPU.perRecord(n, redisCPU))
 	reportStore(t, metrics, n)
 
+	t.Logf("machine: load average %s", loadAverage())
+
 	// One result per key, from the output topic itself.
 	verifyResults(ctx, t, brokers, client, out, dlq, w, outcomes)
 	passEnd, err := offsets{client: client, topic: passOut}.end(ctx)
@@ -127,6 +131,14 @@ func TestThroughput(t *testing.T) {
 	if got := sum(passEnd); got < int64(n) {
 		t.Errorf("passthrough wrote %d records of %d", got, n)
 	}
+}
+
+// since is now - before for CPU readings, -1 when either is unknown.
+func since(now, before float64) float64 {
+	if now < 0 || before < 0 {
+		return -1
+	}
+	return now - before
 }
 
 func sum(m map[int]int64) int64 {
