@@ -116,7 +116,7 @@ func TestThroughput(t *testing.T) {
 		mb(rssAt[0]), mb(rssAt[1]), mb(rssAt[2]), mb(rssAt[3]))
 	t.Logf("ratio idemstream / passthrough: %.2f (goal >= 0.70)", idemRate/passRate)
 	t.Logf("CPU per record, passthrough run: %s", passCPU.perRecord(n, -1))
-	redisCPU := reportRedis(t, infoBefore, infoAfter, n)
+	redisCPU := reportRedis(t, infoBefore, infoAfter, fsyncPolicy(ctx, rdb), n)
 	t.Logf("CPU per record, idemstream run: %s", idemCPU.perRecord(n, redisCPU))
 	reportStore(t, metrics, n)
 
@@ -131,6 +131,15 @@ func TestThroughput(t *testing.T) {
 	if got := sum(passEnd); got < int64(n) {
 		t.Errorf("passthrough wrote %d records of %d", got, n)
 	}
+}
+
+// fsyncPolicy is the server's appendfsync setting, or "?".
+func fsyncPolicy(ctx context.Context, rdb *redis.Client) string {
+	v, err := rdb.ConfigGet(ctx, "appendfsync").Result()
+	if err != nil || v["appendfsync"] == "" {
+		return "?"
+	}
+	return v["appendfsync"]
 }
 
 // since is now - before for CPU readings, -1 when either is unknown.
@@ -215,14 +224,14 @@ func reportStore(t *testing.T, metrics []series, records int) {
 
 // reportRedis prints the server CPU per decided record and the commands
 // that spent it, and returns that CPU in seconds.
-func reportRedis(t *testing.T, before, after string, records int) float64 {
+func reportRedis(t *testing.T, before, after, fsync string, records int) float64 {
 	t.Helper()
 	fb, cb := parseInfo(before)
 	fa, ca := parseInfo(after)
 	cpu := serverCPU(fa) - serverCPU(fb)
 	persistence := "no persistence"
 	if fb["aof_enabled"] == "1" {
-		persistence = "appendonly yes"
+		persistence = "appendonly yes, appendfsync " + fsync
 	}
 	deltas := diffCommands(cb, ca)
 	t.Logf("redis (%s): server CPU %.2f s (used_cpu_sys+used_cpu_user) = %.1f µs per decided record (goal <= 3)",
