@@ -62,21 +62,23 @@ func TestLatency(t *testing.T) {
 		t.Logf("passthrough on a backlog of %d records: %.0f records/s from process start to lag 0; fixed rate: half, %d records/s", calibrate, max, rate)
 	}
 
+	// start starts one side and returns its process and, for idemstream,
+	// the address of its metrics.
 	sides := []struct {
 		name  string
-		start func(in, out, dlq, group string) *process
+		start func(in, out, dlq, group string) (*process, string)
 	}{
-		{"passthrough", func(in, out, _, group string) *process {
-			return startProcess(t, "passthrough", passBin, "--brokers", strings.Join(brokers, ","), "--input", in, "--output", out, "--group", group)
+		{"passthrough", func(in, out, _, group string) (*process, string) {
+			return startProcess(t, "passthrough", passBin, "--brokers", strings.Join(brokers, ","), "--input", in, "--output", out, "--group", group), ""
 		}},
-		{"idemstream", func(in, out, dlq, group string) *process {
+		{"idemstream", func(in, out, dlq, group string) (*process, string) {
 			config := filepath.Join(t.TempDir(), "idemstream.yaml")
 			prefix := strings.TrimSuffix(group, ".load")
 			writeConfig(t, config, brokers, redisAddr, prefix, in, out, dlq)
 			metrics := testenv.FreeAddr(t)
 			p := startProcess(t, "idemstream", idemBin, "run", "--config", config, "--metrics-addr", metrics, "--log-format", "text")
 			waitHTTP(t, p, "http://"+metrics+"/readyz", 2*time.Minute)
-			return p
+			return p, metrics
 		}},
 	}
 	type figures struct {
@@ -90,7 +92,7 @@ func TestLatency(t *testing.T) {
 		group := base + ".load" // idemstream's group is <kafka.group>.<pipeline>
 		testenv.CreateTopics(t, brokers, partitions, in, out, dlq)
 		input := offsets{client: client, topic: in}
-		p := side.start(in, out, dlq, group)
+		p, metricsAddr := side.start(in, out, dlq, group)
 
 		// Warm up: a few records through, so that the group has joined and
 		// every connection is open before the clock runs.
@@ -120,10 +122,16 @@ func TestLatency(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		stopped := time.Now()
 		if end, err = input.end(ctx); err != nil {
 			t.Fatal(err)
 		}
-		waitCaughtUp(ctx, t, p, input, group, end, bound, nil)
+		behind := int64(-1) // records not yet committed when the producer stopped
+		if committed, err := input.committed(ctx, group); err == nil {
+			behind = lag(end, committed)
+		}
+		caughtUp := waitCaughtUp(ctx, t, p, input, group, end, bound, nil)
+		t.Logf("%s: %d records behind when the producer stopped, lag 0 %v later", side.name, behind, caughtUp.Sub(stopped).Round(time.Millisecond))
 		deadline := time.Now().Add(time.Minute)
 		for (seen.count() < firsts || floor.count() < firsts) && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)
@@ -131,6 +139,11 @@ func TestLatency(t *testing.T) {
 		stopReading()
 		readers.Wait()
 		floorReaders.Wait()
+		if metricsAddr != "" {
+			if metrics, err := scrape(metricsAddr); err == nil {
+				reportStore(t, metrics, sent+60)
+			}
+		}
 		if !p.stop(15 * time.Second) {
 			t.Errorf("%s did not stop cleanly: %v\n%s", side.name, p.err, p.tail(10))
 		}
