@@ -110,7 +110,15 @@ type process struct {
 
 func startProcess(t *testing.T, name, bin string, args ...string) *process {
 	t.Helper()
-	p := &process{t: t, name: name, logPath: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
+	// IDEMSTREAM_LOAD_LOGS keeps the processes' logs in that directory.
+	dir := os.Getenv("IDEMSTREAM_LOAD_LOGS")
+	if dir == "" {
+		dir = t.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p := &process{t: t, name: name, done: make(chan struct{}),
+		logPath: filepath.Join(dir, fmt.Sprintf("%s-%s-%s.log", t.Name(), name, time.Now().Format("150405.000")))}
 	logf, err := os.Create(p.logPath)
 	if err != nil {
 		t.Fatal(err)
