@@ -69,25 +69,41 @@ type results struct {
 	// batch's leases (taken before the call that set them): every lease
 	// of the batch lasts at least until leaseFrom plus the lease.
 	leaseFrom time.Time
+	// floors are the output's end offsets read for the fetch this batch
+	// came in, shared by its batches: read before any of them was
+	// decided, they are floors for all.
+	floors *floors
+}
+
+// floors are the end offsets of the output partitions at one moment.
+type floors struct {
+	n    int
+	ends map[int]int64
+	read bool
 }
 
 // WriteBudget is the longest one write of a batch's results may take (the
 // Kafka client's timeout): a lease must outlast it plus SettleWait.
 const WriteBudget = 10 * time.Second
 
-func (p *Pipeline) newResults(pz *pauser, holder string, recs []dedupe.Record) *results {
-	return &results{p: p, pz: pz, holder: holder, recs: recs, byRec: map[int]*firstCopy{}}
+func (p *Pipeline) newResults(pz *pauser, holder string, recs []dedupe.Record, fl *floors) *results {
+	return &results{p: p, pz: pz, holder: holder, recs: recs, byRec: map[int]*firstCopy{}, floors: fl}
 }
 
-// Step 1 and 2: read the floors, then decide the batch, recording with
+// Step 1 and 2: read the floors (once per fetch), then decide the batch, recording with
 // every PENDING key the partition its result will go to and that
 // partition's end offset. Store and broker failures pause the partition
 // and try again; a refusal that cannot pass is returned.
 func (r *results) decide(ctx context.Context) error {
 	p := r.p
-	for {
+	for attempt := 0; ; attempt++ {
 		r.leaseFrom = time.Now()
-		nOut, floors, err := p.floors(ctx)
+		var err error
+		if !r.floors.read || attempt > 0 {
+			r.floors.n, r.floors.ends, err = p.floors(ctx)
+			r.floors.read = err == nil
+		}
+		nOut, floors := r.floors.n, r.floors.ends
 		if err == nil {
 			var outs []dedupe.Outcome
 			outs, err = p.cfg.Decider.Decide(ctx, r.holder, r.recs, func(rec *dedupe.Record, key string) dedupe.Intent {
