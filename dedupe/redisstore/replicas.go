@@ -1,0 +1,270 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemstream/idemstream/dedupe"
+)
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithReplicas makes every decide, renew and complete wait until n
+// replicas have the write, for at most timeout: a decision that only the
+// master holds is lost when a failover promotes a replica, and the key is
+// decided first again. n = 0 (the default) waits for nobody.
+func WithReplicas(n int, timeout time.Duration) Option {
+	return func(s *Store) {
+		s.acks.replicas = n
+		s.acks.timeout = timeout
+	}
+}
+
+// replicaAcks is the state of the replica acknowledgement.
+type replicaAcks struct {
+	replicas int
+	timeout  time.Duration
+
+	mu sync.Mutex
+	// modes caches, per node address, whether the node answers WAITAOF
+	// (Redis 7.2+ with appendonly yes) and with how many local fsyncs.
+	modes map[string]ackMode
+	// last is the outcome of the newest write round trip that waited.
+	last error
+}
+
+// ackMode is the command that waits for replicas on one node.
+type ackMode struct {
+	aof      bool // WAITAOF numlocal numreplicas timeout, else WAIT
+	numlocal int
+}
+
+// ReplicaAckError returns the error of the newest write whose replicas
+// did not acknowledge in time, or nil once a later write was acknowledged
+// (and always nil without WithReplicas). /readyz reports it.
+func (s *Store) ReplicaAckError() error {
+	s.acks.mu.Lock()
+	defer s.acks.mu.Unlock()
+	return s.acks.last
+}
+
+func (s *Store) noteAck(err error) {
+	s.acks.mu.Lock()
+	s.acks.last = err
+	s.acks.mu.Unlock()
+}
+
+// waits reports whether a round trip of op must wait for replicas.
+func (s *Store) waits(op string) bool { return s.acks.replicas > 0 && op != "lookup" }
+
+// roundTrip sends cmds in one pipelined round trip. keys[i] routes cmds[i]
+// on a cluster. When op writes and replicas must acknowledge, one WAIT (or
+// WAITAOF) follows the commands on each node, on the same connection: WAIT
+// counts the replicas that have this connection's writes, so it cannot be
+// sent on another. It returns the pipeline's error, then the
+// acknowledgement's (wrapping dedupe.ErrNotReplicated when short).
+func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []redis.Cmder) (execErr, ackErr error) {
+	if !s.waits(op) {
+		pipe := s.client.Pipeline()
+		for _, c := range cmds {
+			_ = pipe.Process(ctx, c)
+		}
+		_, err := pipe.Exec(ctx)
+		return err, nil
+	}
+	cc, cluster := s.client.(*redis.ClusterClient)
+	if !cluster {
+		execErr, ackErr = s.nodeRoundTrip(ctx, op, s.client, cmds)
+		s.noteAck(ackErr)
+		return execErr, ackErr
+	}
+	// A cluster: one pipeline per master, each with its own WAIT.
+	type node struct {
+		client *redis.Client
+		cmds   []redis.Cmder
+	}
+	var nodes []*node
+	byAddr := map[string]*node{}
+	for i, c := range cmds {
+		m, err := cc.MasterForKey(ctx, keys[i])
+		if err != nil {
+			return err, nil
+		}
+		addr := m.Options().Addr
+		n, ok := byAddr[addr]
+		if !ok {
+			n = &node{client: m}
+			byAddr[addr] = n
+			nodes = append(nodes, n)
+		}
+		n.cmds = append(n.cmds, c)
+	}
+	execErrs := make([]error, len(nodes))
+	ackErrs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			execErrs[i], ackErrs[i] = s.nodeRoundTrip(ctx, op, n.client, n.cmds)
+		}()
+	}
+	wg.Wait()
+	execErr, ackErr = errors.Join(execErrs...), errors.Join(ackErrs...)
+	if execErr != nil && isTransient(execErr) {
+		// A slot moved (failover, resharding): the next attempt must
+		// route by the new map.
+		cc.ReloadState(ctx)
+	}
+	s.noteAck(ackErr)
+	return execErr, ackErr
+}
+
+// nodeRoundTrip is one node's pipeline: the commands, then the wait.
+func (s *Store) nodeRoundTrip(ctx context.Context, op string, c redis.Cmdable, cmds []redis.Cmder) (execErr, ackErr error) {
+	mode, addr, err := s.ackMode(ctx, c)
+	if err != nil {
+		return classify(op, err), nil
+	}
+	pipe := c.Pipeline()
+	for _, cmd := range cmds {
+		_ = pipe.Process(ctx, cmd)
+	}
+	timeout := s.acks.timeout.Milliseconds()
+	if timeout < 1 {
+		timeout = 1
+	}
+	var wait *redis.Cmd
+	if mode.aof {
+		wait = pipe.Do(ctx, "WAITAOF", mode.numlocal, s.acks.replicas, timeout)
+	} else {
+		wait = pipe.Do(ctx, "WAIT", s.acks.replicas, timeout)
+	}
+	_, execErr = pipe.Exec(ctx)
+	if err := wait.Err(); err != nil {
+		if mode.aof {
+			// appendonly turned off, or a node that lacks WAITAOF
+			// after a failover: find out again on the next call.
+			s.forgetMode(addr)
+		}
+		return execErr, fmt.Errorf("%s: %w: %s: %w", op, dedupe.ErrNotReplicated, waitName(mode), err)
+	}
+	acked, local, err := parseWait(mode, wait.Val())
+	if err != nil {
+		return execErr, fmt.Errorf("%s: %w: %w", op, dedupe.ErrNotReplicated, err)
+	}
+	if local < int64(mode.numlocal) || acked < int64(s.acks.replicas) {
+		return execErr, fmt.Errorf("%s: %w: %s: %d of %d replicas acknowledged within %s",
+			op, dedupe.ErrNotReplicated, waitName(mode), acked, s.acks.replicas, s.acks.timeout)
+	}
+	return execErr, nil
+}
+
+func waitName(m ackMode) string {
+	if m.aof {
+		return "WAITAOF"
+	}
+	return "WAIT"
+}
+
+func parseWait(m ackMode, v any) (replicas, local int64, err error) {
+	if !m.aof {
+		n, err := num(v)
+		return n, 0, err
+	}
+	pair, ok := v.([]any)
+	if !ok || len(pair) != 2 {
+		return 0, 0, fmt.Errorf("WAITAOF: unexpected reply %v", v)
+	}
+	if local, err = num(pair[0]); err != nil {
+		return 0, 0, err
+	}
+	replicas, err = num(pair[1])
+	return replicas, local, err
+}
+
+func (s *Store) forgetMode(addr string) {
+	s.acks.mu.Lock()
+	delete(s.acks.modes, addr)
+	s.acks.mu.Unlock()
+}
+
+// ackMode finds out, once per node, whether WAITAOF is there: Redis 7.2
+// and later with appendonly yes fsync the write on the replicas (and
+// locally) before they answer, where WAIT only has it in their memory.
+func (s *Store) ackMode(ctx context.Context, c redis.Cmdable) (ackMode, string, error) {
+	addr := ""
+	if rc, ok := c.(*redis.Client); ok {
+		addr = rc.Options().Addr
+	}
+	s.acks.mu.Lock()
+	m, ok := s.acks.modes[addr]
+	s.acks.mu.Unlock()
+	if ok && addr != "" {
+		return m, addr, nil
+	}
+	info, err := c.Info(ctx, "server", "persistence").Result()
+	if err != nil {
+		return ackMode{}, addr, err
+	}
+	fields := infoFields(info)
+	if versionAtLeast(fields["redis_version"], 7, 2) && fields["aof_enabled"] == "1" {
+		m = ackMode{aof: true, numlocal: 1}
+	}
+	s.acks.mu.Lock()
+	if s.acks.modes == nil {
+		s.acks.modes = map[string]ackMode{}
+	}
+	s.acks.modes[addr] = m
+	s.acks.mu.Unlock()
+	return m, addr, nil
+}
+
+// infoFields parses the key:value lines of INFO.
+func infoFields(info string) map[string]string {
+	out := map[string]string{}
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && !strings.HasPrefix(k, "#") {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// versionAtLeast compares a redis_version such as 7.0.15 with major.minor.
+func versionAtLeast(v string, major, minor int) bool {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(parts[1])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma > major || (ma == major && mi >= minor)
+}
+
+// evalSha builds the EVALSHA of script as a command that a pipeline of
+// any node can carry (Script.EvalSha queues it on one at once).
+func evalSha(ctx context.Context, script *redis.Script, keys []string, args []any) *redis.Cmd {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, "evalsha", script.Hash(), len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmd := redis.NewCmd(ctx, append(cmdArgs, args...)...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return cmd
+}
