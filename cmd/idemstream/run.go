@@ -110,6 +110,9 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
+	if err := checkServer(cfg, rawStore, log); err != nil {
+		return nil, errors.Join(err, closeStore())
+	}
 	store := consumer.InstrumentStore(rawStore, metrics)
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
 	var io consumer.Broker = sinks.NewKafka(client)
