@@ -16,9 +16,13 @@ type Metrics struct {
 	DecisionSeconds *prometheus.HistogramVec
 	StoreSeconds    *prometheus.HistogramVec
 	StoreErrors     *prometheus.CounterVec
-	Rebalances      *prometheus.CounterVec
-	Inflight        *prometheus.GaugeVec
-	BuildInfo       *prometheus.GaugeVec
+	// StoreReplicaAckFailures counts store calls whose writes too few
+	// replicas acknowledged in time (store.redis.min_replicas); each is
+	// also a store error.
+	StoreReplicaAckFailures *prometheus.CounterVec
+	Rebalances              *prometheus.CounterVec
+	Inflight                *prometheus.GaugeVec
+	BuildInfo               *prometheus.GaugeVec
 }
 
 // NewMetrics creates the series and registers them on reg.
@@ -39,6 +43,8 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 			Help: "Store calls, per operation.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"op"}),
 		StoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_errors_total",
 			Help: "Store calls that failed, per operation."}, []string{"op"}),
+		StoreReplicaAckFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_replica_ack_failures_total",
+			Help: "Store calls whose writes fewer than store.redis.min_replicas replicas acknowledged in time (also counted as store errors)."}, []string{"op"}),
 		Rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "rebalances_total",
 			Help: "Consumer group generations joined."}, []string{"pipeline"}),
 		Inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_records",
@@ -47,7 +53,7 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 			Help: "Always 1; the labels say what runs."}, []string{"version", "go_version"}),
 	}
 	for _, c := range []prometheus.Collector{m.Records, m.DLQRecords, m.LenientMismatch, m.Lag, m.DecisionSeconds,
-		m.StoreSeconds, m.StoreErrors, m.Rebalances, m.Inflight, m.BuildInfo} {
+		m.StoreSeconds, m.StoreErrors, m.StoreReplicaAckFailures, m.Rebalances, m.Inflight, m.BuildInfo} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -70,5 +76,8 @@ func (m *Metrics) initPipeline(name string, reasons []string) {
 	m.Inflight.WithLabelValues(name)
 	for _, op := range []string{"decide", "complete", "lookup"} {
 		m.StoreErrors.WithLabelValues(op)
+	}
+	for _, op := range []string{"decide", "complete"} {
+		m.StoreReplicaAckFailures.WithLabelValues(op)
 	}
 }
