@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -250,6 +251,80 @@ func TestSentinelFailoverKeepsDecisionsWithReplicaAcks(t *testing.T) {
 	s := redisstore.New(sentinelClient(t, f.sentinels, timeout), freshPrefix(), redisstore.WithReplicas(1, timeout))
 	run := streamAndRetry(t, s, f.fault(t))
 	t.Logf("min_replicas 1, Sentinel failover after a %s partition: %d of %d keys decided first again; %d store calls refused as unacknowledged, %d completions fenced",
+		failoverPartition, run.second, run.committed, run.unacknowledged, run.fenced)
+	if run.second != 0 || run.fenced != 0 {
+		t.Errorf("%d keys got a second result and %d completions were fenced, want none", run.second, run.fenced)
+	}
+	if run.unacknowledged == 0 {
+		t.Errorf("no write was refused for want of a replica: the partition did not bite")
+	}
+	if run.committed != failoverKeys {
+		t.Errorf("%d keys done, want %d", run.committed, failoverKeys)
+	}
+}
+
+// clusterFault cuts the replication link of the first master for two
+// seconds, kills it, waits until the cluster promoted its replica, and
+// restarts it empty at the old address (it rejoins as a replica).
+func clusterFault(t *testing.T, c *testenv.ReplicatedCluster) func(partitioned *atomic.Bool) {
+	return func(partitioned *atomic.Bool) {
+		c.Proxies[0].Partition()
+		time.Sleep(failoverPartition)
+		c.Masters[0].Kill()
+		c.Proxies[0].Cut()
+		partitioned.Store(false)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			info, err := testenv.RedisCommand(c.Replicas[0].Addr, "INFO", "replication")
+			if err == nil && strings.Contains(info, "role:master") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("the cluster did not promote the replica within 30s: %.200s %v", info, err)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		c.Masters[0].Start()
+	}
+}
+
+func clusterClient(t *testing.T, c *testenv.ReplicatedCluster, replicaTimeout time.Duration) redis.UniversalClient {
+	t.Helper()
+	cc, err := redisstore.NewClient(redisstore.Options{Addrs: c.Addrs(), Timeout: 2*time.Second + replicaTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// The same run on a Cluster of three masters and three
+// replicas: a master's link is cut, it dies, the cluster promotes its
+// replica. Without acknowledgements the keys of its slots decided during
+// the cut are decided again.
+func TestClusterFailoverLosesDecisionsWithoutReplicaAcks(t *testing.T) {
+	failoverOn(t)
+	c := testenv.StartReplicatedCluster(t)
+	s := redisstore.New(clusterClient(t, c, 0), freshPrefix())
+	run := streamAndRetry(t, s, clusterFault(t, c))
+	t.Logf("min_replicas 0, Cluster failover of one of three masters after a %s partition: %d of %d keys decided first again (%d decided during the partition, %d completions fenced)",
+		failoverPartition, run.second, run.committed, run.duringFault, run.fenced)
+	if run.second == 0 {
+		t.Errorf("no key was decided twice: the partition did not cost the decisions the test means to show lost")
+	}
+}
+
+// With min_replicas 1 the Cluster keeps every decision: one WAIT per
+// master per round trip, and the cut master's writes are refused until
+// its promoted replica has a replica again.
+func TestClusterFailoverKeepsDecisionsWithReplicaAcks(t *testing.T) {
+	failoverOn(t)
+	c := testenv.StartReplicatedCluster(t)
+	const timeout = 500 * time.Millisecond
+	s := redisstore.New(clusterClient(t, c, timeout), freshPrefix(), redisstore.WithReplicas(1, timeout))
+	run := streamAndRetry(t, s, clusterFault(t, c))
+	t.Logf("min_replicas 1, Cluster failover of one of three masters after a %s partition: %d of %d keys decided first again; %d store calls refused as unacknowledged, %d completions fenced",
 		failoverPartition, run.second, run.committed, run.unacknowledged, run.fenced)
 	if run.second != 0 || run.fenced != 0 {
 		t.Errorf("%d keys got a second result and %d completions were fenced, want none", run.second, run.fenced)

@@ -305,3 +305,108 @@ func (p *ReplicationProxy) pipe(c *proxied, src, dst net.Conn, fromClient bool) 
 		}
 	}
 }
+
+// ReplicatedCluster is a Redis Cluster of three masters, each with one
+// replica. Every master announces the address of a ReplicationProxy in
+// front of it, so that its replica (and every client) reaches it through
+// the proxy, while the cluster bus goes direct: a partition of the proxy
+// cuts replication and nothing else.
+type ReplicatedCluster struct {
+	Masters  []*RedisServer
+	Proxies  []*ReplicationProxy
+	Replicas []*RedisServer
+}
+
+// Addrs are the addresses clients start from: the masters' proxies.
+func (c *ReplicatedCluster) Addrs() []string {
+	var out []string
+	for _, p := range c.Proxies {
+		out = append(out, p.Addr)
+	}
+	return out
+}
+
+// StartReplicatedCluster starts the cluster, assigns the slots in three
+// ranges, attaches the replicas, and waits until every node reports
+// cluster_state:ok and every replica's link is up. cluster-node-timeout is
+// one second, so that a dead master is failed over within seconds.
+func StartReplicatedCluster(t testing.TB) *ReplicatedCluster {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		unavailable(t, "redis-server not found (apt-get install redis-server)")
+	}
+	// The bus port is chosen, not derived (port + 10000 can overflow).
+	busPorts := map[*RedisServer]int{}
+	clusterArgs := func(bus int) []string {
+		return []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000",
+			"--cluster-port", strconv.Itoa(bus)}
+	}
+	c := &ReplicatedCluster{}
+	for range 3 {
+		m := &RedisServer{t: t, bin: bin, dir: t.TempDir(), port: freePort(t)}
+		m.Addr = "127.0.0.1:" + strconv.Itoa(m.port)
+		p := StartReplicationProxy(t, m.Addr)
+		_, pport, _ := net.SplitHostPort(p.Addr)
+		busPorts[m] = freePort(t)
+		m.cfg = RedisConfig{Args: append(clusterArgs(busPorts[m]), "--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", pport)}
+		m.Start()
+		t.Cleanup(m.Stop)
+		c.Masters, c.Proxies = append(c.Masters, m), append(c.Proxies, p)
+	}
+	for range 3 {
+		c.Replicas = append(c.Replicas, StartRedis(t, RedisConfig{Args: clusterArgs(freePort(t))}))
+	}
+	all := append(append([]*RedisServer{}, c.Masters...), c.Replicas...)
+	first := all[0]
+	firstBus := strconv.Itoa(busPorts[first])
+	for _, n := range all[1:] {
+		if _, err := RedisCommand(n.Addr, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(first.port), firstBus); err != nil {
+			t.Fatalf("cluster meet from %s: %v", n.Addr, err)
+		}
+	}
+	for i, r := range [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}} {
+		if _, err := RedisCommand(c.Masters[i].Addr, "CLUSTER", "ADDSLOTSRANGE", strconv.Itoa(r[0]), strconv.Itoa(r[1])); err != nil {
+			t.Fatalf("cluster addslotsrange on %s: %v", c.Masters[i].Addr, err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for i, r := range c.Replicas {
+		id, err := RedisCommand(c.Masters[i].Addr, "CLUSTER", "MYID")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			// The replica must know the master before it can follow it.
+			if _, err = RedisCommand(r.Addr, "CLUSTER", "REPLICATE", id); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster replicate on %s: %v", r.Addr, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	for _, n := range all {
+		waitClusterOK(t, n.Addr, time.Until(deadline))
+	}
+	for _, r := range c.Replicas {
+		WaitRedisInfo(t, r.Addr, "master_link_status:up", time.Until(deadline))
+	}
+	return c
+}
+
+func waitClusterOK(t testing.TB, addr string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		info, err := RedisCommand(addr, "CLUSTER", "INFO")
+		if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:6") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis cluster node %s not ok: %s %v", addr, info, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
