@@ -399,7 +399,9 @@ func classify(op string, err error) error {
 
 func isTransient(err error) bool {
 	msg := err.Error()
-	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "EOF", "connection reset", "broken pipe", "i/o timeout"} {
+	// OOM: maxmemory reached under noeviction; entries expire, so the
+	// pause ends by itself once the window moves on.
+	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "OOM", "EOF", "connection reset", "broken pipe", "i/o timeout"} {
 		if strings.Contains(msg, p) {
 			return true
 		}
