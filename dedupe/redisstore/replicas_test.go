@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,5 +188,43 @@ func TestFullServerPausesInsteadOfEvicting(t *testing.T) {
 			t.Errorf("the first entry after the server filled up: %+v %v %v; want it kept", e, ok, err)
 		}
 		return
+	}
+}
+
+// BenchmarkDecideWithReplica measures what waiting for a replica costs: the
+// same batches on a master with one replica, with min_replicas 0 and 1
+// (one WAIT per round trip).
+func BenchmarkDecideWithReplica(b *testing.B) {
+	master := testenv.StartRedis(b, testenv.RedisConfig{})
+	testenv.StartRedisReplica(b, master.Addr, testenv.RedisConfig{})
+	c, err := redisstore.NewClient(redisstore.Options{URL: "redis://" + master.Addr + "/0", Timeout: 10 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	for _, n := range []int{0, 1} {
+		for _, batch := range []int{1, 100} {
+			b.Run(fmt.Sprintf("min_replicas=%d/batch=%d", n, batch), func(b *testing.B) {
+				s := redisstore.New(c, freshPrefix(), redisstore.WithReplicas(n, time.Second))
+				var seq atomic.Int64
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					reqs := make([]dedupe.DecideRequest, batch)
+					ctx := context.Background()
+					for pb.Next() {
+						for i := range reqs {
+							reqs[i] = decideReq("9f8a2c1d-3e4f-4a5b-8c6d-"+strconv.FormatInt(1e11+seq.Add(1), 10), "host-7f9c-4411-1a2b3c4d/g12/coupon.claim.commands/3")
+							reqs[i].Fingerprint, reqs[i].RulesDigest = benchFingerprint, benchDigest
+							reqs[i].Window = 30 * time.Second
+						}
+						if _, err := s.Decide(ctx, reqs); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+				b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "decisions/s")
+			})
+		}
 	}
 }
