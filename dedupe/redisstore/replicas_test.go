@@ -228,3 +228,42 @@ func BenchmarkDecideWithReplica(b *testing.B) {
 		}
 	}
 }
+
+// The conformance suite on a Cluster of three masters with a replica
+// each, waiting for one replica: every round trip becomes one pipeline per
+// master, each with its own WAIT.
+func TestConformanceReplicatedCluster(t *testing.T) {
+	rc := testenv.StartReplicatedCluster(t)
+	c, err := redisstore.NewClient(redisstore.Options{Addrs: rc.Addrs(), Timeout: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		return storetest.Harness{Store: redisstore.New(c, freshPrefix(), redisstore.WithReplicas(1, time.Second)), Advance: time.Sleep}
+	})
+	// A batch large enough for the SET NX path, over every master.
+	s := redisstore.New(c, freshPrefix(), redisstore.WithReplicas(1, time.Second))
+	reqs := make([]dedupe.DecideRequest, 300)
+	for i := range reqs {
+		reqs[i] = decideReq("cluster-"+strconv.Itoa(i%150), "h-"+strconv.Itoa(i/150))
+	}
+	decs, err := s.Decide(context.Background(), reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firsts := 0
+	for _, d := range decs {
+		if d.Verdict == dedupe.VerdictFirst {
+			firsts++
+		}
+	}
+	if firsts != 150 {
+		t.Errorf("%d first decisions for 150 keys sent twice, want 150", firsts)
+	}
+	for _, r := range rc.Replicas {
+		if n, err := testenv.RedisCommand(r.Addr, "DBSIZE"); err != nil || n == "0" {
+			t.Errorf("replica %s holds %s keys (%v): the writes were acknowledged without it", r.Addr, n, err)
+		}
+	}
+}
