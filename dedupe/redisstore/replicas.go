@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,9 +38,17 @@ type replicaAcks struct {
 	// modes caches, per node address, whether the node answers WAITAOF
 	// (Redis 7.2+ with appendonly yes) and with how many local fsyncs.
 	modes map[string]ackMode
-	// last is the outcome of the newest write round trip that waited.
-	last error
+	// last is the outcome of the newest write round trip that waited,
+	// at lastAt.
+	last   error
+	lastAt time.Time
 }
+
+// ackErrorFresh bounds how long ReplicaAckError reports a failure that no
+// later write confirmed or cleared: a paused partition retries well within
+// it, while a pipeline that stopped writing (its partitions revoked, no
+// input) must not stay unready for good.
+const ackErrorFresh = time.Minute
 
 // ackMode is the command that waits for replicas on one node.
 type ackMode struct {
@@ -49,16 +58,26 @@ type ackMode struct {
 
 // ReplicaAckError returns the error of the newest write whose replicas
 // did not acknowledge in time, or nil once a later write was acknowledged
-// (and always nil without WithReplicas). /readyz reports it.
+// or no write was tried for a minute (and always nil without
+// WithReplicas). /readyz reports it.
 func (s *Store) ReplicaAckError() error {
 	s.acks.mu.Lock()
 	defer s.acks.mu.Unlock()
+	if time.Since(s.acks.lastAt) > ackErrorFresh {
+		return nil
+	}
 	return s.acks.last
 }
 
-func (s *Store) noteAck(err error) {
+// noteAck records a round trip's acknowledgement: a failure, or a wait
+// that answered in full. A round trip that failed before its wait
+// answered says nothing about the replicas.
+func (s *Store) noteAck(err error, acked bool) {
+	if err == nil && !acked {
+		return
+	}
 	s.acks.mu.Lock()
-	s.acks.last = err
+	s.acks.last, s.acks.lastAt = err, time.Now()
 	s.acks.mu.Unlock()
 }
 
@@ -82,8 +101,9 @@ func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []
 	}
 	cc, cluster := s.client.(*redis.ClusterClient)
 	if !cluster {
-		execErr, ackErr = s.nodeRoundTrip(ctx, op, s.client, cmds)
-		s.noteAck(ackErr)
+		var acked bool
+		execErr, ackErr, acked = s.nodeRoundTrip(ctx, op, s.client, cmds)
+		s.noteAck(ackErr, acked)
 		return execErr, ackErr
 	}
 	// A cluster: one pipeline per master, each with its own WAIT.
@@ -109,12 +129,13 @@ func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []
 	}
 	execErrs := make([]error, len(nodes))
 	ackErrs := make([]error, len(nodes))
+	acked := make([]bool, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			execErrs[i], ackErrs[i] = s.nodeRoundTrip(ctx, op, n.client, n.cmds)
+			execErrs[i], ackErrs[i], acked[i] = s.nodeRoundTrip(ctx, op, n.client, n.cmds)
 		}()
 	}
 	wg.Wait()
@@ -124,15 +145,16 @@ func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []
 		// route by the new map.
 		cc.ReloadState(ctx)
 	}
-	s.noteAck(ackErr)
+	s.noteAck(ackErr, !slices.Contains(acked, false))
 	return execErr, ackErr
 }
 
 // nodeRoundTrip is one node's pipeline: the commands, then the wait.
-func (s *Store) nodeRoundTrip(ctx context.Context, op string, c redis.Cmdable, cmds []redis.Cmder) (execErr, ackErr error) {
+// acked reports that the wait answered and was enough.
+func (s *Store) nodeRoundTrip(ctx context.Context, op string, c redis.Cmdable, cmds []redis.Cmder) (execErr, ackErr error, acked bool) {
 	mode, addr, err := s.ackMode(ctx, c)
 	if err != nil {
-		return classify(op, err), nil
+		return classify(op, err), nil, false
 	}
 	pipe := c.Pipeline()
 	for _, cmd := range cmds {
@@ -150,22 +172,31 @@ func (s *Store) nodeRoundTrip(ctx context.Context, op string, c redis.Cmdable, c
 	}
 	_, execErr = pipe.Exec(ctx)
 	if err := wait.Err(); err != nil {
+		var rerr redis.Error
+		if !errors.As(err, &rerr) {
+			// The connection failed: the commands' errors say so, and
+			// nothing is known about the replicas.
+			if execErr == nil {
+				execErr = err
+			}
+			return execErr, nil, false
+		}
 		if mode.aof {
 			// appendonly turned off, or a node that lacks WAITAOF
 			// after a failover: find out again on the next call.
 			s.forgetMode(addr)
 		}
-		return execErr, fmt.Errorf("%s: %w: %s: %w", op, dedupe.ErrNotReplicated, waitName(mode), err)
+		return execErr, fmt.Errorf("%s: %w: %s: %w", op, dedupe.ErrNotReplicated, waitName(mode), err), false
 	}
-	acked, local, err := parseWait(mode, wait.Val())
+	n, local, err := parseWait(mode, wait.Val())
 	if err != nil {
-		return execErr, fmt.Errorf("%s: %w: %w", op, dedupe.ErrNotReplicated, err)
+		return execErr, fmt.Errorf("%s: %w: %w", op, dedupe.ErrNotReplicated, err), false
 	}
-	if local < int64(mode.numlocal) || acked < int64(s.acks.replicas) {
+	if local < int64(mode.numlocal) || n < int64(s.acks.replicas) {
 		return execErr, fmt.Errorf("%s: %w: %s: %d of %d replicas acknowledged within %s",
-			op, dedupe.ErrNotReplicated, waitName(mode), acked, s.acks.replicas, s.acks.timeout)
+			op, dedupe.ErrNotReplicated, waitName(mode), n, s.acks.replicas, s.acks.timeout), false
 	}
-	return execErr, nil
+	return execErr, nil, true
 }
 
 func waitName(m ackMode) string {

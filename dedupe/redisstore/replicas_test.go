@@ -109,6 +109,16 @@ func TestUnacknowledgedWriteIsNotADecision(t *testing.T) {
 	if err := s.ReplicaAckError(); err != nil {
 		t.Errorf("ReplicaAckError after the heal: %v", err)
 	}
+
+	// A master that does not answer is a store error, not a replica's.
+	master.Stop()
+	_, err := s.Decide(ctx, []dedupe.DecideRequest{decideReq("master-down", "h")})
+	if !errors.Is(err, dedupe.ErrStoreUnavailable) || errors.Is(err, dedupe.ErrNotReplicated) {
+		t.Errorf("decide with the master down: %v; want ErrStoreUnavailable, not ErrNotReplicated", err)
+	}
+	if err := s.ReplicaAckError(); err != nil {
+		t.Errorf("ReplicaAckError with the master down: %v", err)
+	}
 }
 
 // TestMemoryPerKeyInUsedMemory measures what sizing maxmemory needs: the
