@@ -277,3 +277,41 @@ func TestConformanceReplicatedCluster(t *testing.T) {
 		}
 	}
 }
+
+// On Redis 7.2 and later with appendonly yes the store waits with
+// WAITAOF, which also waits for the fsyncs on the master and the
+// replicas. Debian 12's redis-server is 7.0: the test skips there.
+func TestWaitAOFWhereTheServerHasIt(t *testing.T) {
+	aof := testenv.RedisConfig{AppendOnly: true}
+	master := testenv.StartRedis(t, aof)
+	if info, err := testenv.RedisCommand(master.Addr, "INFO", "server"); err != nil || !strings.Contains(info, "redis_version:7.2") && !strings.Contains(info, "redis_version:7.4") && !strings.Contains(info, "redis_version:8.") {
+		t.Skipf("redis-server before 7.2 has no WAITAOF (%v)", err)
+	}
+	proxy := testenv.StartReplicationProxy(t, master.Addr)
+	testenv.StartRedisReplica(t, proxy.Addr, aof)
+	s := redisstore.New(client(t, master.Addr), freshPrefix(), redisstore.WithReplicas(1, 300*time.Millisecond))
+	ctx := context.Background()
+	// A replica that just synced rewrites its AOF before it acknowledges
+	// fsyncs: until then every write pauses, as it should.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := s.Decide(ctx, []dedupe.DecideRequest{decideReq("aof", "h")})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, dedupe.ErrNotReplicated) || time.Now().After(deadline) {
+			t.Fatalf("decide: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stats, err := testenv.RedisCommand(master.Addr, "INFO", "commandstats")
+	if err != nil || !strings.Contains(stats, "cmdstat_waitaof:calls=") || strings.Contains(stats, "cmdstat_wait:") {
+		t.Errorf("the store did not wait with WAITAOF alone: %v\n%s", err, stats)
+	}
+	proxy.Partition()
+	_, err = s.Decide(ctx, []dedupe.DecideRequest{decideReq("aof-cut", "h")})
+	proxy.Heal()
+	if !errors.Is(err, dedupe.ErrNotReplicated) || !strings.Contains(err.Error(), "WAITAOF: 0 of 1 replicas") {
+		t.Errorf("decide with the link cut: %v; want a WAITAOF shortfall", err)
+	}
+}
