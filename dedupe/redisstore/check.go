@@ -47,6 +47,15 @@ func (s *Store) CheckServer(ctx context.Context) (warnings []string, err error) 
 	field := ""
 	check := func(ctx context.Context, c *redis.Client) error {
 		w, p, f, err := checkNode(ctx, c, s.acks.replicas)
+		if err == nil && len(p) == 0 && s.acks.replicas > 0 {
+			aof, possible, err := s.waitsWithAOF(ctx, c)
+			if err != nil && !refused(err) {
+				return err
+			}
+			if possible && !aof {
+				w = append(w, fmt.Sprintf("redis %s: fewer than %d replicas acknowledged an fsync (WAITAOF) within store.redis.replica_timeout, so writes wait with WAIT: the replicas have each decision in memory, not on disk; set appendonly yes on the replicas and restart to wait for their fsyncs", c.Options().Addr, s.acks.replicas))
+			}
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		warnings, problems = append(warnings, w...), append(problems, p...)

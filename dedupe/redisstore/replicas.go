@@ -54,7 +54,15 @@ const ackErrorFresh = time.Minute
 type ackMode struct {
 	aof      bool // WAITAOF numlocal numreplicas timeout, else WAIT
 	numlocal int
+	// again, when set, is when to probe once more: WAITAOF would be there
+	// but the replicas did not acknowledge an fsync (yet).
+	again time.Time
 }
+
+// probeAgain is how long a WAIT chosen for want of fsync acknowledgements
+// holds before the next probe: a replica rewriting its AOF after a sync
+// acknowledges none for a while.
+const probeAgain = time.Minute
 
 // ReplicaAckError returns the error of the newest write whose replicas
 // did not acknowledge in time, or nil once a later write was acknowledged
@@ -239,7 +247,7 @@ func (s *Store) ackMode(ctx context.Context, c redis.Cmdable) (ackMode, string, 
 	s.acks.mu.Lock()
 	m, ok := s.acks.modes[addr]
 	s.acks.mu.Unlock()
-	if ok && addr != "" {
+	if ok && addr != "" && (m.again.IsZero() || time.Now().Before(m.again)) {
 		return m, addr, nil
 	}
 	info, err := c.Info(ctx, "server", "persistence").Result()
@@ -247,8 +255,17 @@ func (s *Store) ackMode(ctx context.Context, c redis.Cmdable) (ackMode, string, 
 		return ackMode{}, addr, err
 	}
 	fields := infoFields(info)
-	if versionAtLeast(fields["redis_version"], 7, 2) && fields["aof_enabled"] == "1" {
-		m = ackMode{aof: true, numlocal: 1}
+	m = ackMode{}
+	if rc, ok := c.(*redis.Client); ok && versionAtLeast(fields["redis_version"], 7, 2) && fields["aof_enabled"] == "1" {
+		aof, err := s.probeWaitAOF(ctx, rc)
+		if err != nil {
+			return ackMode{}, addr, err
+		}
+		if aof {
+			m = ackMode{aof: true, numlocal: 1}
+		} else {
+			m.again = time.Now().Add(probeAgain)
+		}
 	}
 	s.acks.mu.Lock()
 	if s.acks.modes == nil {
@@ -257,6 +274,55 @@ func (s *Store) ackMode(ctx context.Context, c redis.Cmdable) (ackMode, string, 
 	s.acks.modes[addr] = m
 	s.acks.mu.Unlock()
 	return m, addr, nil
+}
+
+// probeWaitAOF writes a short-lived probe key and asks WAITAOF for it: a
+// replica without appendonly yes never acknowledges an fsync, and waiting
+// for one would pause every write for good. Where the probe falls short
+// the store waits with WAIT, which still covers a failover (CheckServer
+// warns). A replica that is rewriting its AOF after a sync falls short
+// too: WAIT then, and another probe a minute later.
+func (s *Store) probeWaitAOF(ctx context.Context, node *redis.Client) (bool, error) {
+	key := s.prefix + ":{replica-ack-probe}"
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		// A key of a slot this node serves, or the write is MOVED.
+		for i := 0; i < 10000; i++ {
+			k := s.prefix + ":{replica-ack-probe-" + strconv.Itoa(i) + "}"
+			if m, err := cc.MasterForKey(ctx, k); err == nil && m.Options().Addr == node.Options().Addr {
+				key = k
+				break
+			}
+		}
+	}
+	conn := node.Conn()
+	defer conn.Close()
+	pipe := conn.Pipeline()
+	pipe.Set(ctx, key, "1", time.Second)
+	wait := pipe.Do(ctx, "WAITAOF", 1, s.acks.replicas, max(s.acks.timeout.Milliseconds(), 1))
+	if _, err := pipe.Exec(ctx); err != nil {
+		var rerr redis.Error
+		if errors.As(err, &rerr) {
+			return false, nil // no WAITAOF after all (renamed, or refused)
+		}
+		return false, err
+	}
+	replicas, local, err := parseWait(ackMode{aof: true}, wait.Val())
+	return err == nil && local >= 1 && replicas >= int64(s.acks.replicas), nil
+}
+
+// waitsWithAOF reports, for CheckServer, whether writes to node wait with
+// WAITAOF, and whether the server would have it.
+func (s *Store) waitsWithAOF(ctx context.Context, node *redis.Client) (aof, possible bool, err error) {
+	m, _, err := s.ackMode(ctx, node)
+	if err != nil {
+		return false, false, err
+	}
+	info, err := node.Info(ctx, "server", "persistence").Result()
+	if err != nil {
+		return false, false, err
+	}
+	f := infoFields(info)
+	return m.aof, versionAtLeast(f["redis_version"], 7, 2) && f["aof_enabled"] == "1", nil
 }
 
 // infoFields parses the key:value lines of INFO.
