@@ -56,7 +56,8 @@
 // round trip that writes (decide, renew, complete; never lookup) carries,
 // behind its commands and on the same connection, one WAIT n timeout (on
 // Redis 7.2 and later with appendonly yes, WAITAOF 1 n timeout, which also
-// waits for the fsyncs; the replicas then need appendonly yes too). WAIT
+// waits for the fsyncs, if a probe at the first write shows the replicas
+// acknowledge fsyncs: replicas without appendonly never do). WAIT
 // counts what the replicas have of this connection's writes, which is why
 // it cannot travel on another. On a Cluster the round trip becomes one
 // pipeline per master, each with its own WAIT, sent in parallel. Fewer
