@@ -65,3 +65,24 @@ func TestRunCheckServerOff(t *testing.T) {
 		t.Errorf("run did not start:\n%s", stderr.String())
 	}
 }
+
+// A server that refuses CONFIG (managed services rename or forbid it) is a
+// warning naming what could not be verified, and run starts.
+func TestRunWarnsWhenRedisRefusesConfig(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{Args: []string{"--rename-command", "CONFIG", ""}})
+	cfg := writeFile(t, t.TempDir(), "c.yaml", "kafka: {brokers: ['127.0.0.1:1']}\n"+
+		"store: {redis: {url: 'redis://"+srv.Addr+"/0'}}\n"+
+		"pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var stderr syncBuffer
+	code := run(ctx, []string{"run", "--config", cfg, "--metrics-addr", testenv.FreeAddr(t), "--log-format", "text"}, strings.NewReader(""), io.Discard, &stderr, func(string) string { return "" })
+	if code == exitUsage {
+		t.Fatalf("run refused a server whose settings it could not read:\n%s", stderr.String())
+	}
+	for _, w := range []string{"level=WARN", "CONFIG GET refused", "could not verify maxmemory-policy (must be noeviction) nor persistence", "starting"} {
+		if !strings.Contains(stderr.String(), w) {
+			t.Errorf("stderr does not say %q:\n%s", w, stderr.String())
+		}
+	}
+}

@@ -130,3 +130,18 @@ func TestCheckServerChecksEveryClusterMaster(t *testing.T) {
 		t.Errorf("one master with volatile-lru: %v", err)
 	}
 }
+
+// An ACL user without +config (as managed services hand out) gets NOPERM:
+// a warning, not a refusal.
+func TestCheckServerWarnsOnNOPERM(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true, Args: []string{"--user", "svc", "on", ">pw-1", "~*", "&*", "+@all", "-config"}})
+	c, err := redisstore.NewClient(redisstore.Options{URL: "redis://" + srv.Addr + "/0", Username: "svc", Password: "pw-1", Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	warnings, err := checkServer(t, c, 0)
+	if err != nil || len(warnings) != 1 || !strings.Contains(warnings[0], "CONFIG GET refused") || !strings.Contains(warnings[0], "NOPERM") {
+		t.Errorf("CheckServer as a user without +config = %q, %v; want one warning naming NOPERM", warnings, err)
+	}
+}

@@ -40,6 +40,7 @@ type failoverRun struct {
 	unacknowledged int64 // store calls refused for want of replicas
 	fenced         int   // completions of keys the failover had lost
 	second         int   // keys decided first again by the retry
+	lost           []string
 }
 
 // streamAndRetry drives the store; fault is called once failoverAt keys
@@ -127,13 +128,23 @@ func streamAndRetry(t *testing.T, s *redisstore.Store, fault func(partitioned *a
 		}
 		var decs []dedupe.Decision
 		retry("retry decide", func() (err error) { decs, err = s.Decide(ctx, reqs); return err })
-		for _, d := range decs {
+		for i, d := range decs {
 			if d.Verdict == dedupe.VerdictFirst {
 				run.second++
+				run.lost = append(run.lost, reqs[i].Key)
 			}
 		}
 	}
 	return run
+}
+
+// lostRange says which keys were lost, for the log: the stream numbers
+// them in order, so a partition's losses are one run of numbers.
+func (r failoverRun) lostRange() string {
+	if len(r.lost) == 0 {
+		return "none"
+	}
+	return r.lost[0] + " … " + r.lost[len(r.lost)-1]
 }
 
 // sentinelFailover is a master with one replica behind a proxy that can
@@ -233,8 +244,8 @@ func TestSentinelFailoverLosesDecisionsWithoutReplicaAcks(t *testing.T) {
 	f := startSentinelFailover(t)
 	s := redisstore.New(sentinelClient(t, f.sentinels, 0), freshPrefix())
 	run := streamAndRetry(t, s, f.fault(t))
-	t.Logf("min_replicas 0, Sentinel failover after a %s partition: %d of %d keys decided first again (%d decided during the partition, %d completions fenced)",
-		failoverPartition, run.second, run.committed, run.duringFault, run.fenced)
+	t.Logf("min_replicas 0, Sentinel failover after a %s partition: %d of %d keys decided first again (%d decided during the partition, %d completions fenced); lost: %s",
+		failoverPartition, run.second, run.committed, run.duringFault, run.fenced, run.lostRange())
 	if run.second == 0 {
 		t.Errorf("no key was decided twice: the partition did not cost the decisions the test means to show lost")
 	}
@@ -308,8 +319,8 @@ func TestClusterFailoverLosesDecisionsWithoutReplicaAcks(t *testing.T) {
 	c := testenv.StartReplicatedCluster(t)
 	s := redisstore.New(clusterClient(t, c, 0), freshPrefix())
 	run := streamAndRetry(t, s, clusterFault(t, c))
-	t.Logf("min_replicas 0, Cluster failover of one of three masters after a %s partition: %d of %d keys decided first again (%d decided during the partition, %d completions fenced)",
-		failoverPartition, run.second, run.committed, run.duringFault, run.fenced)
+	t.Logf("min_replicas 0, Cluster failover of one of three masters after a %s partition: %d of %d keys decided first again (%d decided during the partition, %d completions fenced); lost: %s",
+		failoverPartition, run.second, run.committed, run.duringFault, run.fenced, run.lostRange())
 	if run.second == 0 {
 		t.Errorf("no key was decided twice: the partition did not cost the decisions the test means to show lost")
 	}
