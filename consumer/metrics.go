@@ -16,13 +16,14 @@ type Metrics struct {
 	DecisionSeconds *prometheus.HistogramVec
 	StoreSeconds    *prometheus.HistogramVec
 	StoreErrors     *prometheus.CounterVec
+	Rebalances      *prometheus.CounterVec
+	Inflight        *prometheus.GaugeVec
+	BuildInfo       *prometheus.GaugeVec
+
 	// StoreReplicaAckFailures counts store calls whose writes too few
 	// replicas acknowledged in time (store.redis.min_replicas); each is
 	// also a store error.
 	StoreReplicaAckFailures *prometheus.CounterVec
-	Rebalances              *prometheus.CounterVec
-	Inflight                *prometheus.GaugeVec
-	BuildInfo               *prometheus.GaugeVec
 }
 
 // NewMetrics creates the series and registers them on reg.
