@@ -79,8 +79,13 @@ type results struct {
 type floors struct {
 	n    int
 	ends map[int]int64
-	read bool
+	read time.Time // zero: not read yet
 }
+
+// floorsMaxAge is how long the floors of a fetch serve its later batches.
+// The older a floor, the further back a scan reads, and the more room for
+// a result of the key's previous window to pass for this one's (doc.go).
+const floorsMaxAge = 2 * time.Second
 
 // WriteBudget is the longest one write of a batch's results may take (the
 // Kafka client's timeout): a lease must outlast it plus SettleWait.
@@ -99,9 +104,12 @@ func (r *results) decide(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		r.leaseFrom = time.Now()
 		var err error
-		if !r.floors.read || attempt > 0 {
+		if attempt > 0 || r.floors.read.IsZero() || time.Since(r.floors.read) > floorsMaxAge {
 			r.floors.n, r.floors.ends, err = p.floors(ctx)
-			r.floors.read = err == nil
+			r.floors.read = time.Time{}
+			if err == nil {
+				r.floors.read = r.leaseFrom
+			}
 		}
 		nOut, floors := r.floors.n, r.floors.ends
 		if err == nil {
@@ -129,10 +137,27 @@ func (r *results) decide(ctx context.Context) error {
 	}
 }
 
+// track records the first copies of an attempt's outcomes. A retried
+// attempt decides again what the failed one did (a key it held may have
+// been taken over meanwhile): its answer replaces the older one, which is
+// kept only for records it left undecided, so that abandon still releases
+// them.
 func (r *results) track(outs []dedupe.Outcome, nOut int) {
-	for i := range outs {
-		o := &outs[i]
-		if o.Kind != dedupe.OutcomeFirst || r.byRec[i] != nil {
+	old := r.byRec
+	r.byRec, r.firsts = map[int]*firstCopy{}, r.firsts[:0]
+	for i := range r.recs {
+		var o *dedupe.Outcome
+		if i < len(outs) {
+			o = &outs[i]
+		}
+		if o == nil || o.Kind == "" {
+			if fc := old[i]; fc != nil {
+				r.firsts = append(r.firsts, fc)
+				r.byRec[i] = fc
+			}
+			continue
+		}
+		if o.Kind != dedupe.OutcomeFirst {
 			continue
 		}
 		rec := &r.recs[i]
@@ -207,8 +232,10 @@ func (r *results) write(ctx context.Context) error {
 			msgs[j], fc.stage = fc.msg, stageSent
 		}
 		// A write may be several requests: it must end while the leases
-		// still outlast SettleWait plus a scan, however slow the broker.
-		wctx, cancel := context.WithDeadline(ctx, r.leaseFrom.Add(r.p.policy.Lease()-r.p.cfg.SettleWait-r.p.cfg.WriteTimeout))
+		// still outlast SettleWait, however slow the broker, so that a
+		// successor, which scans only once they ran out, finds it. The
+		// renewal above leaves it WriteTimeout at least.
+		wctx, cancel := context.WithDeadline(ctx, r.leaseFrom.Add(r.p.policy.Lease()-r.p.cfg.SettleWait))
 		written, werr := r.p.cfg.Broker.Write(wctx, msgs)
 		cancel()
 		if werr == nil {
