@@ -5,6 +5,29 @@
 // by the sinks package, and committed only once every outcome below the
 // committed offset is durable.
 //
+// # Using it as a library
+//
+// A team that wants its own handler (claim the coupon in its database, call
+// its service) imports this package and dedupe, and wires a pipeline with
+// [NewPipeline]:
+//
+//	p, err := consumer.NewPipeline(consumer.Options{
+//		Brokers: []string{"kafka:9092"},
+//		Policy:  pol,   // dedupe.Policy, e.g. from the configuration file (schemas.Config.Policy)
+//		Store:   store, // redisstore.New(client, "idem"), or memstore.New() in one process
+//		Handler: consumer.HandlerFunc(claimCoupon),
+//		Input:   "coupon.claim.commands", Output: "coupon.claim.results", DLQ: "coupon.claim.dlq",
+//	})
+//	err = p.Run(ctx) // until ctx ends
+//
+// The [Handler] runs once per key per window with the first copy of each
+// request; what it returns is the result record. An error wrapped by
+// [Permanent] dead-letters the record (handler_failed) and marks the key
+// FAILED; any other error is retried while the partition waits. Start as
+// many processes as you like: they share the group's partitions, and the
+// store makes sure only one of them acts on a key. For TLS or SASL, a
+// Broker of your own, build a [Config] and call [New].
+//
 // # One batch
 //
 //  1. Fetch up to BatchSize records of a partition (kafka-go Client.Fetch).
