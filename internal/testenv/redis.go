@@ -116,7 +116,7 @@ func (s *RedisServer) Start() {
 	}
 	args = append(args, s.cfg.Args...)
 	s.cmd = exec.Command(s.bin, args...)
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	s.cmd.SysProcAttr = ChildProcAttr()
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
@@ -309,7 +309,7 @@ func StartRedisSentinel(t testing.TB) (sentinel string) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(master.bin, conf, "--sentinel", "--logfile", filepath.Join(dir, "sentinel.log"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = ChildProcAttr()
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start redis sentinel: %v", err)
 	}

@@ -121,20 +121,20 @@ func TestKafkaHandle(t *testing.T) {
 			t.Fatalf("write %s: %v", v, err)
 		}
 	}
+	step := func(name string, f func() error) {
+		t.Helper()
+		started := time.Now()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		t.Logf("%s: %v", name, time.Since(started).Round(10*time.Millisecond))
+	}
 	write("before-stop")
-	if err := k.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Start(); err != nil {
-		t.Fatal(err)
-	}
+	step("stop", k.Stop)
+	step("start", k.Start)
 	write("before-kill")
-	if err := k.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.Start(); err != nil {
-		t.Fatal(err)
-	}
+	step("kill", k.Kill)
+	step("start after kill", k.Start)
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: k.Brokers, Topic: topic, MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	for _, want := range []string{"before-stop", "before-kill"} {
