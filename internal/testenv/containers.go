@@ -124,6 +124,7 @@ func connectDocker() {
 			daemon.err = err
 			return
 		}
+		defer probe.Close()
 	}
 	daemon.provider, daemon.cli = provider, provider.Client()
 	reach := "mapped ports on 127.0.0.1"
@@ -132,6 +133,9 @@ func connectDocker() {
 	}
 	daemon.desc = fmt.Sprintf("Docker %s at %s, %s, images %s and %s", ver.Version, cli.DaemonHost(), reach, redisImage(), kafkaImage())
 	sweepLeftovers(ctx)
+	// No idle connection to the daemon outlives a call: packages that
+	// check for leaked goroutines at the end (goleak) see none.
+	_ = daemon.cli.Close()
 }
 
 // newProvider makes a provider, turning the panics of a machine without
@@ -351,7 +355,9 @@ func (b *box) terminate() error {
 	// A paused container cannot be stopped.
 	_, _ = daemon.cli.ContainerUnpause(ctx, b.id, client.ContainerUnpauseOptions{})
 	grace := 5 * time.Second
-	return b.c.Terminate(ctx, testcontainers.StopTimeout(grace))
+	err := b.c.Terminate(ctx, testcontainers.StopTimeout(grace))
+	_ = daemon.cli.Close() // idle connections, as in connectDocker
+	return err
 }
 
 // waitUp polls ready until it succeeds, the container exits, or timeout.
