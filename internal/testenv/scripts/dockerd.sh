@@ -120,6 +120,7 @@ do_stop() {
     sleep 0.1
   done
   rm -f "$dir/dockerd.pid"
+  as_root rm -rf "$exec_root"
   echo "dockerd stopped (pid $pid)" >&2
 }
 
