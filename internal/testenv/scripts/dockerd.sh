@@ -120,7 +120,13 @@ do_stop() {
     sleep 0.1
   done
   rm -f "$dir/dockerd.pid"
-  as_root rm -rf "$exec_root"
+  # The daemon keeps a reference to the host's network namespace there:
+  # unmount it (the namespace itself is untouched), then remove the rest.
+  local ns
+  for ns in "$exec_root"/netns/*; do
+    [ -e "$ns" ] && as_root umount "$ns" 2>/dev/null || true
+  done
+  as_root rm -rf --one-file-system "$exec_root" || true
   echo "dockerd stopped (pid $pid)" >&2
 }
 
