@@ -5,6 +5,29 @@
 // by the sinks package, and committed only once every outcome below the
 // committed offset is durable.
 //
+// # Using it as a library
+//
+// A team that wants its own handler (claim the coupon in its database, call
+// its service) imports this package and dedupe, and wires a pipeline with
+// [NewPipeline]:
+//
+//	p, err := consumer.NewPipeline(consumer.Options{
+//		Brokers: []string{"kafka:9092"},
+//		Policy:  pol,   // dedupe.Policy, e.g. from the configuration file (schemas.Config.Policy)
+//		Store:   store, // redisstore.New(client, "idem"), or memstore.New() in one process
+//		Handler: consumer.HandlerFunc(claimCoupon),
+//		Input:   "coupon.claim.commands", Output: "coupon.claim.results", DLQ: "coupon.claim.dlq",
+//	})
+//	err = p.Run(ctx) // until ctx ends
+//
+// The [Handler] runs once per key per window with the first copy of each
+// request; what it returns is the result record. An error wrapped by
+// [Permanent] dead-letters the record (handler_failed) and marks the key
+// FAILED; any other error is retried while the partition waits. Start as
+// many processes as you like: they share the group's partitions, and the
+// store makes sure only one of them acts on a key. For TLS or SASL, a
+// Broker of your own, build a [Config] and call [New].
+//
 // Two files hold it: batch.go is the batch loop (run the handler, dead
 // letters, replies, metrics); protocol.go is the result protocol, the
 // steps below, which alone make a result exactly-once.
@@ -15,9 +38,10 @@
 //  2. Decide (results.decide): the store decides every record. For each
 //     first copy it keeps, atomically with the PENDING state, the owner
 //     token (instance, generation, the partition's run in this process,
-//     input partition, and the record's own source) and the intent: the output partition of the result (murmur2
-//     of the result key, as Java producers pick it; recorded once and never
-//     recomputed) and that partition's floor.
+//     input partition, and the record's own source) and the intent: the
+//     output partition of the result (murmur2 of the result key, as Java
+//     producers pick it; recorded once and never recomputed) and that
+//     partition's floor.
 //  3. Recover (results.recover): a resumed key (its own record delivered
 //     again, a released key, an expired lease taken over) may have its
 //     result written already. Each intended partition is read once per

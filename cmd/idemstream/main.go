@@ -146,8 +146,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				fs.Usage()
-				return err
+				return err // Parse has printed the usage already
 			}
 			return usagef("%v", err)
 		}

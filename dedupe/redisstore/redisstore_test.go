@@ -569,7 +569,7 @@ func TestBatchDecisionsMatchTheReferenceTable(t *testing.T) {
 	var second []dedupe.DecideRequest
 	for k := range keys {
 		second = append(second,
-			req(k, "sha256:a", "holder-b", fmt.Sprintf("in/1/%d", k), false),   // the same body elsewhere
+			req(k, "sha256:a", "holder-b", fmt.Sprintf("in/1/%d", k), false),    // the same body elsewhere
 			req(k, "sha256:b", "holder-b", fmt.Sprintf("in/1/%d", 100+k), true), // another body, after the wait
 			req(k, "sha256:a", "holder-b", fmt.Sprintf("in/0/%d", k), true))     // the owner's own record
 	}

@@ -19,7 +19,8 @@ import (
 // brokerScript is kafka.sh with the state directory of one broker.
 type brokerScript struct {
 	path string
-	dir  string // its IDEMSTREAM_TESTENV_DIR
+	dir  string               // its IDEMSTREAM_TESTENV_DIR
+	k    *testenv.KafkaServer // instead of the script: a broker in a container
 }
 
 // chaosBroker returns the broker of the test and the script that restarts
@@ -35,6 +36,10 @@ type brokerScript struct {
 // the restart.
 func chaosBroker(t *testing.T, root string) ([]string, *brokerScript, string) {
 	t.Helper()
+	if os.Getenv(testenv.KafkaEnv) == "" && testenv.ServerSource(t) == testenv.Containers {
+		k := testenv.StartKafka(t)
+		return k.Brokers, &brokerScript{k: k, dir: "a container"}, ""
+	}
 	script := filepath.Join(root, "internal", "testenv", "scripts", "kafka.sh")
 	shared := os.Getenv("IDEMSTREAM_TESTENV_DIR")
 	if shared == "" {
@@ -66,6 +71,15 @@ func chaosBroker(t *testing.T, root string) ([]string, *brokerScript, string) {
 }
 
 func (s *brokerScript) run(timeout time.Duration, args ...string) (string, error) {
+	if s.k != nil {
+		switch args[0] {
+		case "stop":
+			return "", s.k.Stop()
+		case "start":
+			return "", s.k.Start()
+		}
+		return "", fmt.Errorf("%s: not supported on a broker in a container", args[0])
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", append([]string{s.path}, args...)...)

@@ -121,7 +121,7 @@ func (f *fleet) start(s *slot) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = childEnv()
 	// Should this test process die, its instances die with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = testenv.ChildProcAttr()
 	if err := cmd.Start(); err != nil {
 		f.t.Fatalf("start instance %d: %v", s.id, err)
 	}

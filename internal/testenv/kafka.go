@@ -22,13 +22,17 @@ import (
 const KafkaEnv = "IDEMSTREAM_TEST_KAFKA"
 
 // KafkaBrokers returns the brokers named by IDEMSTREAM_TEST_KAFKA, once
-// they answer a Metadata request. Without the variable the test skips, or
-// fails when Required. Every test shares the one broker: name topics and
-// groups with UniqueName.
+// they answer a Metadata request; without the variable, on the container
+// path, a broker in a container. Otherwise the test skips, or fails when
+// Required. Every test shares the one broker: name topics and groups with
+// UniqueName.
 func KafkaBrokers(t testing.TB) []string {
 	t.Helper()
 	env := os.Getenv(KafkaEnv)
 	if strings.TrimSpace(env) == "" {
+		if k := containerKafka(t); k != nil {
+			return k.Brokers
+		}
 		unavailable(t, "no Kafka broker: run `make test` (it starts one), or set %s=host:port", KafkaEnv)
 	}
 	var brokers []string
@@ -222,6 +226,11 @@ func sanitize(s string) string {
 func KafkaSASLBrokers(t testing.TB) []string {
 	t.Helper()
 	addr := strings.TrimSpace(os.Getenv("IDEMSTREAM_TEST_KAFKA_SASL"))
+	if addr == "" && strings.TrimSpace(os.Getenv(KafkaEnv)) == "" {
+		if k := containerKafka(t); k != nil {
+			return k.SASLBrokers
+		}
+	}
 	if addr == "" {
 		unavailable(t, "no SASL listener: run `make test` (its broker has one), or set IDEMSTREAM_TEST_KAFKA_SASL=host:port")
 	}
@@ -241,6 +250,11 @@ func KafkaTLSBrokers(t testing.TB) (brokers []string, caFile string) {
 	t.Helper()
 	addr := strings.TrimSpace(os.Getenv("IDEMSTREAM_TEST_KAFKA_TLS"))
 	caFile = os.Getenv("IDEMSTREAM_TEST_KAFKA_TLS_CA")
+	if addr == "" && strings.TrimSpace(os.Getenv(KafkaEnv)) == "" {
+		if k := containerKafka(t); k != nil {
+			return k.TLSBrokers, k.CAFile
+		}
+	}
 	if addr == "" || caFile == "" {
 		unavailable(t, "no TLS listener: run `make test` (its broker has one), or set IDEMSTREAM_TEST_KAFKA_TLS=host:port and IDEMSTREAM_TEST_KAFKA_TLS_CA=file")
 	}

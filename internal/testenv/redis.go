@@ -66,12 +66,16 @@ type RedisServer struct {
 	cfg    RedisConfig
 	cmd    *exec.Cmd
 	done   chan struct{}
+	box    *box // the container, on the container path
 }
 
 // StartRedis starts a private redis-server on a free loopback port, with
 // its files in a temporary directory, and stops it when the test ends.
 func StartRedis(t testing.TB, cfg RedisConfig) *RedisServer {
 	t.Helper()
+	if startIn(t) == Containers {
+		return startRedisContainer(t, cfg)
+	}
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		unavailable(t, "redis-server not found (apt-get install redis-server, or set IDEMSTREAM_TEST_REDIS)")
@@ -92,6 +96,11 @@ func StartRedis(t testing.TB, cfg RedisConfig) *RedisServer {
 // Start starts the server (again, after Stop, with the same files and port).
 func (s *RedisServer) Start() {
 	s.t.Helper()
+	if s.box != nil {
+		s.boxCall("start", s.box.start)
+		s.waitBox()
+		return
+	}
 	args := []string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
 		"--save", "", "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning",
@@ -107,7 +116,7 @@ func (s *RedisServer) Start() {
 	}
 	args = append(args, s.cfg.Args...)
 	s.cmd = exec.Command(s.bin, args...)
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	s.cmd.SysProcAttr = ChildProcAttr()
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}
@@ -136,6 +145,10 @@ func (s *RedisServer) Start() {
 
 // Stop stops the server with SIGTERM and waits for it. Idempotent.
 func (s *RedisServer) Stop() {
+	if s.box != nil {
+		s.boxCall("stop", func() error { return s.box.stop(10 * time.Second) })
+		return
+	}
 	if s.cmd == nil {
 		return
 	}
@@ -152,6 +165,10 @@ func (s *RedisServer) Stop() {
 
 // Kill stops the server with SIGKILL: no shutdown save, no goodbye.
 func (s *RedisServer) Kill() {
+	if s.box != nil {
+		s.boxCall("kill", s.box.kill)
+		return
+	}
 	if s.cmd == nil {
 		return
 	}
@@ -162,10 +179,22 @@ func (s *RedisServer) Kill() {
 
 // Pause freezes the server (SIGSTOP): connections stay open, nothing
 // answers.
-func (s *RedisServer) Pause() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
+func (s *RedisServer) Pause() {
+	if s.box != nil {
+		s.boxCall("pause", s.box.pause)
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+}
 
 // Resume thaws a paused server.
-func (s *RedisServer) Resume() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
+func (s *RedisServer) Resume() {
+	if s.box != nil {
+		s.boxCall("unpause", s.box.unpause)
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT)
+}
 
 // FreeAddr returns a loopback address with a port nobody listens on now.
 func FreeAddr(t testing.TB) string {
@@ -229,6 +258,9 @@ func ping(addr string) error {
 // stops it when the test ends. It returns the nodes' addresses.
 func StartRedisCluster(t testing.TB) []string {
 	t.Helper()
+	if startIn(t) == Containers {
+		return redisClusterContainer(t)
+	}
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
 		unavailable(t, "redis-cli not found (apt-get install redis-tools)")
@@ -264,6 +296,9 @@ func StartRedisCluster(t testing.TB) []string {
 // address: clients find the master through it.
 func StartRedisSentinel(t testing.TB) (sentinel string) {
 	t.Helper()
+	if startIn(t) == Containers {
+		return redisSentinelContainer(t)
+	}
 	master := StartRedis(t, RedisConfig{})
 	dir := t.TempDir()
 	port := freePort(t)
@@ -274,7 +309,7 @@ func StartRedisSentinel(t testing.TB) (sentinel string) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(master.bin, conf, "--sentinel", "--logfile", filepath.Join(dir, "sentinel.log"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = ChildProcAttr()
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start redis sentinel: %v", err)
 	}

@@ -114,3 +114,61 @@ servers_stop() {
   stop_kafka
   stop_redis
 }
+
+# choose_servers prints where the tests' servers come from (containers,
+# processes or external) for IDEMSTREAM_TEST_SERVERS (default auto), and
+# says so in one line on stderr.
+choose_servers() {
+  local want="${IDEMSTREAM_TEST_SERVERS:-auto}"
+  case "$want" in
+    auto)
+      if docker_answers; then
+        echo "servers: containers (IDEMSTREAM_TEST_SERVERS=auto, Docker answers at ${DOCKER_HOST:-the default socket}; images ${IDEMSTREAM_REDIS_IMAGE:-redis:7}, ${IDEMSTREAM_KAFKA_IMAGE:-apache/kafka:4.4.0})" >&2
+        echo containers
+      else
+        echo "servers: local processes (IDEMSTREAM_TEST_SERVERS=auto, no Docker daemon answers)" >&2
+        echo processes
+      fi
+      ;;
+    containers)
+      if ! docker_answers; then
+        echo "IDEMSTREAM_TEST_SERVERS=containers, but no Docker daemon answers (DOCKER_HOST=${DOCKER_HOST:-unset})" >&2
+        return 1
+      fi
+      echo "servers: containers (IDEMSTREAM_TEST_SERVERS=containers)" >&2
+      echo containers
+      ;;
+    processes | external)
+      echo "servers: $want (IDEMSTREAM_TEST_SERVERS=$want)" >&2
+      echo "$want"
+      ;;
+    *)
+      echo "IDEMSTREAM_TEST_SERVERS=$want is none of auto, containers, processes, external" >&2
+      return 1
+      ;;
+  esac
+}
+
+docker_answers() {
+  command -v docker >/dev/null && timeout 10 docker version --format '{{.Server.Version}}' >/dev/null 2>&1
+}
+
+# remove_leftover_containers removes the test containers of this machine
+# whose test binary is gone (labels set by internal/testenv), and any
+# network but host, none and bridge that a run may have left.
+remove_leftover_containers() {
+  docker_answers || return 0
+  local host id pid
+  host=$(hostname)
+  for id in $(docker ps -aq --filter label=org.idemstream.testenv --filter "label=org.idemstream.testenv.host=$host"); do
+    pid=$(docker inspect --format '{{index .Config.Labels "org.idemstream.testenv.pid"}}' "$id" 2>/dev/null) || continue
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+      echo "removing container $id that test process $pid left" >&2
+      docker rm -f -v "$id" >/dev/null || true
+    fi
+  done
+  if docker network inspect reaper_default >/dev/null 2>&1; then
+    echo "removing network reaper_default" >&2
+    docker network rm reaper_default >/dev/null || true
+  fi
+}

@@ -16,8 +16,22 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 
-trap servers_stop EXIT
-servers_start
+# Where the servers come from (IDEMSTREAM_TEST_SERVERS, see
+# internal/testenv/servers.go): auto takes containers when a Docker daemon
+# answers, else local processes. Every test binary gets the decision.
+servers=$(choose_servers) || exit 2
+export IDEMSTREAM_TEST_SERVERS="$servers"
+case "$servers" in
+  containers)
+    # The tests start their containers themselves and remove them when
+    # they end; what a killed test binary left goes here.
+    trap remove_leftover_containers EXIT
+    ;;
+  processes)
+    trap servers_stop EXIT
+    servers_start
+    ;;
+esac
 # The real-server tests must run here, not skip.
 export IDEMSTREAM_REQUIRE_SERVERS=1
 
