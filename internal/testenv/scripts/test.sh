@@ -26,6 +26,9 @@ case "$servers" in
     # The tests start their containers themselves and remove them when
     # they end; what a killed test binary left goes here.
     trap remove_leftover_containers EXIT
+    # The replication and failover tests run their Redis servers as local
+    # processes on either path (a proxy sits between master and replica).
+    ensure_redis_installed
     ;;
   processes)
     trap servers_stop EXIT
