@@ -32,14 +32,44 @@ type replyWork struct {
 // nothing may be committed: the context ended, a newer owner fenced this
 // one, or something refused for good (see Classify); the keys the batch
 // held are then abandoned as protocol.go says.
-func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, batch []sinks.Fetched, fetched time.Time, fl *floors) (err error) {
-	m := p.cfg.Metrics
+//
+// It runs in two phases. First everything the store decides at once is
+// acted on and made durable: most records, and above all the first copies
+// this batch owns. Then the records whose key another holder owns are
+// waited for and decided. So two batches that each hold a key the other
+// waits for (records of one key on two partitions) never wait each other
+// out: each finishes its own keys before it waits.
+func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, batch []sinks.Fetched, fetched time.Time, fl *floors) error {
 	recs := make([]dedupe.Record, len(batch))
 	for i, f := range batch {
 		recs[i] = dedupe.Record{Topic: p.cfg.Input, Partition: f.Partition, Offset: f.Offset,
 			Key: f.Key, Value: f.Value, Headers: f.Headers, Time: f.Time}
 	}
-	r := p.newResults(pz, holder, recs, fl)
+	deferred, err := p.decideAndAct(ctx, pz, holder, recs, fl, false)
+	if err != nil {
+		return err
+	}
+	if len(deferred) > 0 {
+		waiting := make([]dedupe.Record, len(deferred))
+		for j, i := range deferred {
+			waiting[j] = recs[i]
+		}
+		if _, err := p.decideAndAct(ctx, pz, holder, waiting, fl, true); err != nil {
+			return err
+		}
+	}
+	if m := p.cfg.Metrics; m != nil {
+		m.DecisionSeconds.WithLabelValues(p.cfg.Name).Observe(time.Since(fetched).Seconds())
+	}
+	return nil
+}
+
+// decideAndAct is one phase of processBatch: decide recs (waiting for keys
+// held elsewhere, or deferring them), act on every outcome, and return once
+// they are durable, with the indexes of the records deferred.
+func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, recs []dedupe.Record, fl *floors, wait bool) (deferred []int, err error) {
+	m := p.cfg.Metrics
+	r := p.newResults(pz, holder, recs, fl, wait)
 	defer func() {
 		if err != nil {
 			released, completed, leased := r.abandon()
@@ -50,12 +80,16 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 	}()
 
 	if err := r.decide(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	if err := r.recover(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	outs := r.outs
+	isDeferred := make(map[int]bool, len(r.deferred))
+	for _, i := range r.deferred {
+		isDeferred[i] = true
+	}
 
 	var (
 		dlq         []sinks.Message
@@ -72,6 +106,9 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 	}
 	for i := range outs {
 		o, rec := &outs[i], &recs[i]
+		if isDeferred[i] {
+			continue
+		}
 		switch o.Kind {
 		case dedupe.OutcomeFirst:
 			fc := r.byRec[i]
@@ -81,7 +118,7 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 			}
 			res, herr := p.handle(ctx, rec, o)
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return nil, ctx.Err()
 			}
 			if herr != nil {
 				fc.failed(dedupe.ReasonHandlerFailed, herr)
@@ -117,7 +154,7 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 	}
 
 	if err := r.write(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	for _, fc := range r.firsts {
 		if fc.stage == stageFailed {
@@ -129,17 +166,17 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 	}
 	if len(dlq) > 0 {
 		if err := p.writeAtLeastOnce(ctx, pz, "dead letters", p.cfg.DLQ, dlq); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	skipped := map[string]int{}
 	if len(replies) > 0 {
 		if err := p.writeReplies(ctx, pz, recs, replies, skipped); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := r.complete(ctx); err != nil {
-		return err
+		return nil, err
 	}
 
 	if m != nil {
@@ -153,10 +190,9 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 			m.RepliesSkipped.WithLabelValues(p.cfg.Name, reason).Add(float64(n))
 		}
 		m.LenientMismatch.WithLabelValues(p.cfg.Name).Add(float64(mismatches))
-		m.DecisionSeconds.WithLabelValues(p.cfg.Name).Observe(time.Since(fetched).Seconds())
 	}
 	p.logBurst(reasons, rulesChange, skipped)
-	return nil
+	return r.deferred, nil
 }
 
 // conflictUnderCurrentRules settles a mismatch against an entry made under

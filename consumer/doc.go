@@ -91,11 +91,17 @@
 // partition for at most the drain time, and a crash stalls the keys it held
 // for at most the lease.
 //
-// Other records of a key PENDING elsewhere wait with backoff up to
-// pending_timeout, then are decided on the stored state (a replay, or a
-// conflict) and committed: the owner's own record, still uncommitted, gives
-// the key its result. A record that is its PENDING entry's own source
-// never does that: it waits for the lease, whatever pending_timeout says.
+// A batch runs the protocol in two phases: first for everything the store
+// decides at once (above all the first copies it now owns), then for the
+// records whose key another holder owns, which wait. So two batches that
+// each hold a key the other waits for (records of one key on two
+// partitions) finish their own keys first and never wait each other out;
+// the offset is committed after both phases. A waiting record polls with
+// backoff up to pending_timeout, then is decided on the stored state (a
+// replay, or a conflict) and committed: the owner's own record, still
+// uncommitted, gives the key its result. A record that is its PENDING
+// entry's own source never does that: it waits for the lease, whatever
+// pending_timeout says.
 //
 // When the rules change inside a window, a copy whose fingerprint differs
 // from one made under the old rules is settled by reading the first copy

@@ -73,6 +73,10 @@ type results struct {
 	// came in, shared by its batches: read before any of them was
 	// decided, they are floors for all.
 	floors *floors
+	// wait: records whose key another holder owns are waited for (the
+	// second phase of a batch); otherwise they are deferred.
+	wait     bool
+	deferred []int
 }
 
 // floors are the end offsets of the output partitions at one moment.
@@ -91,8 +95,8 @@ const floorsMaxAge = 2 * time.Second
 // Kafka client's timeout): a lease must outlast it plus SettleWait.
 const WriteBudget = 10 * time.Second
 
-func (p *Pipeline) newResults(pz *pauser, holder string, recs []dedupe.Record, fl *floors) *results {
-	return &results{p: p, pz: pz, holder: holder, recs: recs, byRec: map[int]*firstCopy{}, floors: fl}
+func (p *Pipeline) newResults(pz *pauser, holder string, recs []dedupe.Record, fl *floors, wait bool) *results {
+	return &results{p: p, pz: pz, holder: holder, recs: recs, byRec: map[int]*firstCopy{}, floors: fl, wait: wait}
 }
 
 // Step 1 and 2: read the floors (once per fetch), then decide the batch, recording with
@@ -113,11 +117,16 @@ func (r *results) decide(ctx context.Context) error {
 		}
 		nOut, floors := r.floors.n, r.floors.ends
 		if err == nil {
-			var outs []dedupe.Outcome
-			outs, err = p.cfg.Decider.Decide(ctx, r.holder, r.recs, func(rec *dedupe.Record, key string) dedupe.Intent {
+			intent := func(rec *dedupe.Record, key string) dedupe.Intent {
 				q := sinks.PartitionFor(sinks.ResultKey(rec, key), nOut)
 				return dedupe.Intent{Partition: int32(q), Floor: floors[q]}
-			})
+			}
+			var outs []dedupe.Outcome
+			if r.wait {
+				outs, err = p.cfg.Decider.Decide(ctx, r.holder, r.recs, intent)
+			} else {
+				outs, r.deferred, err = p.cfg.Decider.DecideAvailable(ctx, r.holder, r.recs, intent)
+			}
 			// Keys decided before an error are this holder's already:
 			// abandon releases them if the batch ends here.
 			r.track(outs, nOut)

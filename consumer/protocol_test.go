@@ -390,3 +390,73 @@ func TestWriteFitsAShortestLease(t *testing.T) {
 	defer stop()
 	waitFor(t, "k1's result", func() bool { return r.resultsPerKey()["k1"] == 1 })
 }
+
+// interleavingStore makes the first two two-record batches decide their
+// records one at a time, meeting between the first and the second: each
+// batch then owns its first key while the other owns its second, the
+// interleaving that a real store allows when two partitions decide at once.
+type interleavingStore struct {
+	dedupe.Store
+	mu      sync.Mutex
+	arrived int
+	both    chan struct{}
+	finals  atomic.Int32
+}
+
+func (s *interleavingStore) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedupe.Decision, error) {
+	for _, r := range reqs {
+		if r.Final {
+			s.finals.Add(1)
+		}
+	}
+	s.mu.Lock()
+	meet := len(reqs) == 2 && s.arrived < 2
+	if meet {
+		s.arrived++
+		if s.arrived == 2 {
+			close(s.both)
+		}
+	}
+	s.mu.Unlock()
+	if !meet {
+		return s.Store.Decide(ctx, reqs)
+	}
+	first, err := s.Store.Decide(ctx, reqs[:1])
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-s.both:
+	case <-time.After(10 * time.Second):
+	}
+	second, err := s.Store.Decide(ctx, reqs[1:])
+	if err != nil {
+		return nil, err
+	}
+	return append(first, second...), nil
+}
+
+// Two partitions whose batches each hold a key the other one's batch waits
+// for: each finishes its own first copies before it waits for the other's,
+// so neither waits out pending_timeout (30s here, the default). Before, each
+// held its keys PENDING while it waited the full pending_timeout for the
+// other's, and a generation shorter than that abandoned them over and over.
+func TestCrossPartitionBatchesDoNotWaitEachOtherOut(t *testing.T) {
+	r := newRig(t, 2)
+	pol := r.policy(dedupe.Strict)
+	pol.PendingTimeout = 30 * time.Second
+	store := &interleavingStore{Store: r.store, both: make(chan struct{})}
+	r.store = store
+	r.produce(cmd{"x", `{"k":"x"}`, 0}, cmd{"y", `{"k":"y"}`, 0}, cmd{"y", `{"k":"y"}`, 1}, cmd{"x", `{"k":"x"}`, 1})
+	stop := r.start(r.config(pol, nil, nil, "test"))
+	defer stop()
+	waitFor(t, "4 decided records", func() bool { return r.count("p", "first")+r.count("p", "replay") == 4 })
+	for k, n := range r.resultsPerKey() {
+		if n != 1 {
+			t.Errorf("key %s has %d results", k, n)
+		}
+	}
+	if n := store.finals.Load(); n != 0 {
+		t.Errorf("%d records were decided only after pending_timeout, want none", n)
+	}
+}

@@ -186,6 +186,21 @@ func (d *Decider) extractKey(rec *Record) (string, error) {
 // are those the store gave before it (an empty Kind for the others), so
 // that the caller can release the keys it already owns.
 func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, intent IntentFunc) ([]Outcome, error) {
+	out, _, err := d.decide(ctx, holder, recs, intent, true)
+	return out, err
+}
+
+// DecideAvailable decides, in one store call, every record that the store
+// can decide at once, and returns the indexes of those it defers: records
+// whose key another holder owns (PENDING under a running lease). Their
+// outcomes have an empty Kind; Decide them once the caller has finished
+// the others, so that two batches that each hold a key the other waits for
+// do not wait each other out.
+func (d *Decider) DecideAvailable(ctx context.Context, holder string, recs []Record, intent IntentFunc) (outs []Outcome, deferred []int, err error) {
+	return d.decide(ctx, holder, recs, intent, false)
+}
+
+func (d *Decider) decide(ctx context.Context, holder string, recs []Record, intent IntentFunc, wait bool) ([]Outcome, []int, error) {
 	out := make([]Outcome, len(recs))
 	reqs := make([]DecideRequest, 0, len(recs))
 	idx := make([]int, 0, len(recs))
@@ -224,10 +239,10 @@ func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, inte
 	for len(reqs) > 0 {
 		decisions, err := d.store.Decide(ctx, reqs)
 		if err != nil {
-			return out, err
+			return out, nil, err
 		}
 		if len(decisions) != len(reqs) {
-			return out, fmt.Errorf("store answered %d decisions for %d requests", len(decisions), len(reqs))
+			return out, nil, fmt.Errorf("store answered %d decisions for %d requests", len(decisions), len(reqs))
 		}
 		waitReqs, waitIdx := reqs[:0], idx[:0]
 		var leaseLeft time.Duration
@@ -244,6 +259,9 @@ func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, inte
 		reqs, idx = waitReqs, waitIdx
 		if len(reqs) == 0 {
 			break
+		}
+		if !wait {
+			return out, append([]int(nil), idx...), nil
 		}
 		left := deadline.Sub(d.now())
 		if left <= 0 && !final {
@@ -264,11 +282,11 @@ func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, inte
 			pause = min(pause, leaseLeft+time.Millisecond)
 		}
 		if err := d.wait(ctx, pause); err != nil {
-			return out, err
+			return out, nil, err
 		}
 		backoff = min(backoff*2, time.Second)
 	}
-	return out, nil
+	return out, nil, nil
 }
 
 // Renew extends the leases of the first copies that the holder is about to

@@ -30,8 +30,18 @@ func TestClassifyProduce(t *testing.T) {
 		{kafka.NotEnoughReplicas, false, dedupe.Retryable},
 		{kafka.LeaderNotAvailable, false, dedupe.Retryable},
 		{kafka.MessageSizeTooLarge, false, dedupe.Poison},
+		// kafka-go's answer for every partition of a broker that died.
+		{kafka.Unknown, true, dedupe.Retryable},
 		{kafka.TopicAuthorizationFailed, false, dedupe.Fatal},
 		{kafka.InvalidTopic, false, dedupe.Fatal},
+	}
+	// A list-offsets or metadata answer of -1 for a dead broker's
+	// partitions pauses; authorization stops.
+	if err := classifyTopicError(kafka.Unknown); dedupe.Classify(err) != dedupe.Retryable {
+		t.Errorf("list offsets UNKNOWN: class %v, want retryable", dedupe.Classify(err))
+	}
+	if err := classifyTopicError(kafka.TopicAuthorizationFailed); dedupe.Classify(err) != dedupe.Fatal {
+		t.Errorf("list offsets TOPIC_AUTHORIZATION_FAILED: class %v, want fatal", dedupe.Classify(err))
 	}
 	for _, tc := range cases {
 		err := classifyProduce("out", 3, 10, tc.err)

@@ -90,12 +90,32 @@ func (k *Kafka) Partitions(ctx context.Context, topic string) (int, error) {
 	return n, nil
 }
 
+// classifyTopicError tells a request the cluster refuses for good from one
+// that may pass. Only errors that say so are final: kafka-go reports a
+// request to a broker that died as error -1 (UNKNOWN) on every partition
+// it led, and a broker restart must pause a pipeline, never stop it.
 func classifyTopicError(err error) error {
-	var kerr kafka.Error
-	if errors.As(err, &kerr) && !kerr.Temporary() {
+	if refusedForGood(err) {
 		return fmt.Errorf("%w: %w", dedupe.ErrBrokerRefused, err)
 	}
 	return fmt.Errorf("%w: %w", dedupe.ErrBrokerUnavailable, err)
+}
+
+// refusedForGood: authorization, an invalid topic, an unsupported request,
+// failed authentication. Retrying cannot cure these; an operator must.
+func refusedForGood(err error) bool {
+	var kerr kafka.Error
+	if !errors.As(err, &kerr) {
+		return false
+	}
+	switch kerr {
+	case kafka.TopicAuthorizationFailed, kafka.GroupAuthorizationFailed, kafka.ClusterAuthorizationFailed,
+		kafka.BrokerAuthorizationFailed, kafka.TransactionalIDAuthorizationFailed, kafka.DelegationTokenAuthorizationFailed,
+		kafka.InvalidTopic, kafka.UnsupportedVersion, kafka.SASLAuthenticationFailed, kafka.InvalidRequiredAcks,
+		kafka.UnsupportedForMessageFormat, kafka.InvalidRecord:
+		return true
+	}
+	return false
 }
 
 var balancer = &kafka.Murmur2Balancer{}
@@ -247,10 +267,10 @@ func classifyProduce(topic string, partition, records int, err error) error {
 			// Checked before the append.
 			return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, dedupe.ErrBrokerUnavailable, err)
 		}
-		if kerr.Temporary() {
-			return fmt.Errorf("produce to %s/%d: %w: %w: %w", topic, partition, dedupe.ErrBrokerUnavailable, ErrAmbiguous, err)
+		if refusedForGood(kerr) {
+			return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, dedupe.ErrBrokerRefused, err)
 		}
-		return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, dedupe.ErrBrokerRefused, err)
+		return fmt.Errorf("produce to %s/%d: %w: %w: %w", topic, partition, dedupe.ErrBrokerUnavailable, ErrAmbiguous, err)
 	}
 	if errors.Is(err, context.Canceled) {
 		return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, ErrAmbiguous, err)

@@ -466,10 +466,29 @@ func classify(op string, err error) error {
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
-		return fmt.Errorf("%s: redis refused: %w", op, err)
+		if refusedForGood(err) {
+			return fmt.Errorf("%s: redis refused: %w", op, err)
+		}
+		// Anything else the server says may pass (a full client table,
+		// NOREPLICAS, MISCONF, a failover in progress): pause, not stop.
+		return fmt.Errorf("%s: %w: %w", op, dedupe.ErrStoreUnavailable, err)
 	}
 	// An I/O error that is not a net.Error (EOF on a cut connection).
 	return fmt.Errorf("%s: %w: %w", op, dedupe.ErrStoreUnavailable, err)
+}
+
+// refusedForGood: answers that an operator must act on (credentials,
+// permissions, a key of another type, a command or script the server does
+// not take). Retrying them would loop for ever.
+func refusedForGood(err error) bool {
+	msg := err.Error()
+	for _, p := range []string{"NOPERM", "NOAUTH", "WRONGPASS", "WRONGTYPE", "ERR unknown command", "ERR wrong number of arguments",
+		"ERR syntax error", "ERR Error running script", "ERR user_script", "ERR unknown subcommand"} {
+		if strings.Contains(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func isTransient(err error) bool {
