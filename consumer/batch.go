@@ -17,46 +17,54 @@ import (
 // batch now, so this one must not commit.
 var errFenced = errors.New("fenced by a newer owner")
 
-type resultWork struct {
-	rec   int // index in the batch
-	floor int64
-	msg   sinks.Message
-}
-
 type replyWork struct {
-	rec   int
-	first int // index in results when the first copy is in this batch, else -1
+	rec int
+	// first is the batch's own first copy of the key, nil when the first
+	// copy came earlier.
+	first *firstCopy
 	ref   dedupe.ResultRef
+	state dedupe.State
 }
 
 // processBatch decides a batch, acts on every outcome, and returns once
 // every outcome is durable (results and dead letters acknowledged, state
 // completed), which is when the caller may commit past it. An error means
-// nothing may be committed: the context ended, or a newer owner fenced
-// this one.
-func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, batch []sinks.Fetched, fetched time.Time) error {
+// nothing may be committed: the context ended, a newer owner fenced this
+// one, or something refused for good (see Classify); the keys the batch
+// held are then abandoned as protocol.go says.
+func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, batch []sinks.Fetched, fetched time.Time) (err error) {
 	m := p.cfg.Metrics
 	recs := make([]dedupe.Record, len(batch))
 	for i, f := range batch {
 		recs[i] = dedupe.Record{Topic: p.cfg.Input, Partition: f.Partition, Offset: f.Offset,
 			Key: f.Key, Value: f.Value, Headers: f.Headers, Time: f.Time}
 	}
+	r := p.newResults(pz, holder, recs)
+	defer func() {
+		if err != nil {
+			released, completed, leased := r.abandon()
+			if released+completed+leased > 0 {
+				pz.log.Info("batch abandoned", "released", released, "completed", completed, "left_to_lease", leased, "err", err)
+			}
+		}
+	}()
 
-	outs, nOut, err := p.decide(ctx, pz, holder, recs)
-	if err != nil {
+	if err := r.decide(ctx); err != nil {
 		return err
 	}
+	if err := r.recover(ctx); err != nil {
+		return err
+	}
+	outs := r.outs
 
 	var (
-		results     []resultWork
 		dlq         []sinks.Message
 		replies     []replyWork
-		completions []dedupe.Completion
 		counts      = map[dedupe.OutcomeKind]int{}
 		reasons     = map[dedupe.Reason]int{}
 		mismatches  int
 		rulesChange int
-		firstIn     = map[string]int{}
+		firstIn     = map[string]*firstCopy{}
 	)
 	deadLetter := func(i int, reason dedupe.Reason, cause error, paths []string) {
 		dlq = append(dlq, sinks.DeadLetter(p.cfg.DLQ, &recs[i], &outs[i], reason, cause, paths))
@@ -64,98 +72,73 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 	}
 	for i := range outs {
 		o, rec := &outs[i], &recs[i]
-		owner := dedupe.Owner{Holder: holder, Source: rec.Source()}
 		switch o.Kind {
 		case dedupe.OutcomeFirst:
-			intent := o.Decision.Entry.Intent
-			q := int(intent.Partition)
-			if q < 0 || q >= nOut {
-				q = sinks.PartitionFor(sinks.ResultKey(rec, o.Key), nOut)
-			}
-			if o.Decision.Resumed && intent.Floor >= 0 {
-				// An earlier owner may have written the result already.
-				w, found, err := p.findResult(ctx, pz, q, intent.Floor, o.Key)
-				if err != nil {
-					return err
-				}
-				if found {
-					completions = append(completions, dedupe.Completion{Namespace: p.cfg.Name, Key: o.Key, Owner: owner,
-						State: dedupe.Success, Result: dedupe.ResultRef{Partition: int32(w.Partition), Offset: w.Offset}})
-					counts[dedupe.OutcomeFirst]++
-					continue
-				}
+			fc := r.byRec[i]
+			firstIn[o.Key] = fc
+			if fc.stage == stageFound {
+				continue
 			}
 			res, herr := p.handle(ctx, rec, o)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			if herr != nil {
-				deadLetter(i, dedupe.ReasonHandlerFailed, herr, nil)
-				completions = append(completions, dedupe.Completion{Namespace: p.cfg.Name, Key: o.Key, Owner: owner,
-					State: dedupe.Failed, FailedTTL: p.policy.FailedTTL})
-				counts[dedupe.OutcomeFailed]++
+				fc.failed(dedupe.ReasonHandlerFailed, herr)
 				continue
 			}
-			firstIn[o.Key] = len(results)
-			results = append(results, resultWork{rec: i, floor: intent.Floor,
-				msg: sinks.Result(p.cfg.Output, q, rec, o, res.Value, res.Headers)})
-			counts[dedupe.OutcomeFirst]++
+			fc.handled(sinks.Result(p.cfg.Output, int(fc.intent.Partition), rec, o, res.Value, res.Headers))
 		case dedupe.OutcomeReplay:
+			if o.Decision.RulesChanged && o.Decision.Mismatch && p.policy.Semantics == dedupe.Strict {
+				rulesChange++
+				if p.conflictUnderCurrentRules(ctx, o) {
+					o.Kind, o.Reason = dedupe.OutcomeConflict, dedupe.ReasonConflict
+					o.Err = fmt.Errorf("idempotency key reused with a different payload: fingerprint %s; the first copy at %s, fingerprinted again under the current rules, differs",
+						o.Fingerprint, o.Decision.Entry.FirstSource)
+					counts[dedupe.OutcomeConflict]++
+					deadLetter(i, dedupe.ReasonConflict, o.Err, p.conflictPaths(ctx, o, recs, rec, firstIn))
+					continue
+				}
+			}
 			counts[dedupe.OutcomeReplay]++
 			if o.LenientMismatch {
 				mismatches++
 			}
-			if o.Decision.RulesChanged && o.Decision.Mismatch {
-				rulesChange++
-			}
 			if p.cfg.Replies != "" {
-				first, ok := firstIn[o.Key]
-				if !ok {
-					first = -1
-				}
-				replies = append(replies, replyWork{rec: i, first: first, ref: o.Decision.Entry.Result})
+				replies = append(replies, replyWork{rec: i, first: firstIn[o.Key], ref: o.Decision.Entry.Result, state: o.Decision.Entry.State})
 			}
 		case dedupe.OutcomeConflict:
 			counts[dedupe.OutcomeConflict]++
-			deadLetter(i, dedupe.ReasonConflict, o.Err, p.conflictPaths(ctx, o, rec, recs, results, firstIn))
+			deadLetter(i, dedupe.ReasonConflict, o.Err, p.conflictPaths(ctx, o, recs, rec, firstIn))
 		default:
 			counts[dedupe.OutcomeInvalid]++
 			deadLetter(i, o.Reason, o.Err, nil)
 		}
 	}
 
-	if len(results) > 0 {
-		// Never write a result for a key this holder no longer owns.
-		if err := p.renew(ctx, pz, holder, recs, outs, results); err != nil {
-			return err
-		}
-		msgs := make([]sinks.Message, len(results))
-		floors := make([]int64, len(results))
-		keys := make([]string, len(results))
-		for j, r := range results {
-			msgs[j], floors[j], keys[j] = r.msg, r.floor, outs[r.rec].Key
-		}
-		written, err := p.writeOutputs(ctx, pz, msgs, floors, keys)
-		if err != nil {
-			return err
-		}
-		for j, r := range results {
-			completions = append(completions, dedupe.Completion{Namespace: p.cfg.Name, Key: outs[r.rec].Key,
-				Owner: dedupe.Owner{Holder: holder, Source: recs[r.rec].Source()}, State: dedupe.Success,
-				Result: dedupe.ResultRef{Partition: int32(written[j].Partition), Offset: written[j].Offset}})
+	if err := r.write(ctx); err != nil {
+		return err
+	}
+	for _, fc := range r.firsts {
+		if fc.stage == stageFailed {
+			counts[dedupe.OutcomeFailed]++
+			deadLetter(fc.rec, fc.reason, fc.err, nil)
+		} else {
+			counts[dedupe.OutcomeFirst]++
 		}
 	}
 	if len(dlq) > 0 {
-		if _, err := p.writeOutputs(ctx, pz, dlq, nil, nil); err != nil {
+		if err := p.writeAtLeastOnce(ctx, pz, "dead letters", p.cfg.DLQ, dlq); err != nil {
 			return err
 		}
 	}
+	skipped := map[string]int{}
 	if len(replies) > 0 {
-		if err := p.writeReplies(ctx, pz, recs, results, replies); err != nil {
+		if err := p.writeReplies(ctx, pz, recs, replies, skipped); err != nil {
 			return err
 		}
 	}
-	if err := p.complete(ctx, pz, completions); err != nil {
+	if err := r.complete(ctx); err != nil {
 		return err
 	}
 
@@ -166,61 +149,28 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 		for reason, n := range reasons {
 			m.DLQRecords.WithLabelValues(p.cfg.Name, string(reason)).Add(float64(n))
 		}
+		for reason, n := range skipped {
+			m.RepliesSkipped.WithLabelValues(p.cfg.Name, reason).Add(float64(n))
+		}
 		m.LenientMismatch.WithLabelValues(p.cfg.Name).Add(float64(mismatches))
 		m.DecisionSeconds.WithLabelValues(p.cfg.Name).Observe(time.Since(fetched).Seconds())
 	}
-	p.logBurst(reasons, rulesChange)
+	p.logBurst(reasons, rulesChange, skipped)
 	return nil
 }
 
-// decide asks the decider until the store answers; meanwhile the
-// partition is paused.
-func (p *Pipeline) decide(ctx context.Context, pz *pauser, holder string, recs []dedupe.Record) ([]dedupe.Outcome, int, error) {
-	for {
-		nOut, floors, err := p.floors(ctx)
-		if err == nil {
-			var outs []dedupe.Outcome
-			outs, err = p.cfg.Decider.Decide(ctx, holder, recs, func(rec *dedupe.Record, key string) dedupe.Intent {
-				q := sinks.PartitionFor(sinks.ResultKey(rec, key), nOut)
-				return dedupe.Intent{Partition: int32(q), Floor: floors[q]}
-			})
-			if err == nil {
-				pz.resume()
-				return outs, nOut, nil
-			}
-			if !dedupe.IsRetryable(err) && ctx.Err() == nil {
-				return nil, 0, fmt.Errorf("decide: %w", err)
-			}
-		}
-		if ctx.Err() != nil {
-			return nil, 0, ctx.Err()
-		}
-		pz.pause(ctx, "decide", err)
+// conflictUnderCurrentRules settles a mismatch against an entry made under
+// other rules: the first copy, read back from its source, is fingerprinted
+// under the current rules. A rules change must not flood the DLQ with false
+// conflicts, nor let a real one pass. When the first copy cannot be read
+// (retention), the record is a replay, as SPEC says for rules changes.
+func (p *Pipeline) conflictUnderCurrentRules(ctx context.Context, o *dedupe.Outcome) bool {
+	msg, ok := p.inputRecord(ctx, o.Decision.Entry.FirstSource)
+	if !ok {
+		return false
 	}
-}
-
-// renew extends the leases of the keys about to be written; a key taken
-// over meanwhile fences the whole batch, which is then read again.
-func (p *Pipeline) renew(ctx context.Context, pz *pauser, holder string, recs []dedupe.Record, outs []dedupe.Outcome, results []resultWork) error {
-	rs := make([]*dedupe.Record, len(results))
-	os := make([]*dedupe.Outcome, len(results))
-	for j, r := range results {
-		rs[j], os[j] = &recs[r.rec], &outs[r.rec]
-	}
-	var lost []bool
-	err := pz.retryStore(ctx, "renew", func() (err error) {
-		lost, err = p.cfg.Decider.Renew(ctx, holder, rs, os)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	for j, l := range lost {
-		if l {
-			return fmt.Errorf("%w: key %s was taken over before its result was written", errFenced, os[j].Key)
-		}
-	}
-	return nil
+	fp, err := p.canon.Fingerprint(msg.Value)
+	return err == nil && fp != o.Fingerprint
 }
 
 // floors reads the end offset of every output partition before a batch is
@@ -264,85 +214,42 @@ func (p *Pipeline) handle(ctx context.Context, rec *dedupe.Record, o *dedupe.Out
 	}
 }
 
-// writeOutputs writes msgs until every one is acknowledged. After a failed
-// write the partition is paused; results (those with a floor) are then
-// looked for in their partition from the floor once the failed write must
-// have settled, and only the missing ones are written again: kafka-go
-// retries nothing itself, so a result is never appended twice by us.
-// Dead letters (no floor) are written again, at least once.
-func (p *Pipeline) writeOutputs(ctx context.Context, pz *pauser, msgs []sinks.Message, floors []int64, keys []string) ([]sinks.Written, error) {
-	out := make([]sinks.Written, len(msgs))
-	todo := make([]int, len(msgs))
-	for i := range todo {
-		todo[i] = i
-	}
-	for {
-		batch := make([]sinks.Message, len(todo))
-		for j, i := range todo {
-			batch[j] = msgs[i]
-		}
-		written, err := p.cfg.Broker.Write(ctx, batch)
+// writeAtLeastOnce writes dead letters or replies until every one is
+// acknowledged. They carry no idempotency of their own: after a write of
+// unknown outcome they are written again and may appear twice, with the
+// same idemstream-source. A record the topic refuses for good stops the
+// pipeline: nothing can be committed past it.
+func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic string, msgs []sinks.Message) error {
+	for len(msgs) > 0 {
+		written, err := p.cfg.Broker.Write(ctx, msgs)
 		if err == nil {
-			for j, i := range todo {
-				out[i] = written[j]
-			}
 			pz.resume()
-			return out, nil
+			return nil
 		}
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
-		pz.pause(ctx, "write", err)
-		if floors == nil {
-			continue
-		}
-		if err := sleep(ctx, p.cfg.SettleWait); err != nil {
-			return nil, err
-		}
-		var missing []int
-		for _, i := range todo {
-			if floors[i] >= 0 {
-				w, found, err := p.findResult(ctx, pz, msgs[i].Partition, floors[i], keys[i])
-				if err != nil {
-					return nil, err
-				}
-				if found {
-					out[i] = w
-					continue
-				}
+		var again []sinks.Message
+		for j := range msgs {
+			w := sinks.Written{Offset: dedupe.NoPosition, Err: err}
+			if written != nil {
+				w = written[j]
 			}
-			missing = append(missing, i)
+			switch {
+			case w.Err == nil && w.Offset >= 0:
+			case errors.Is(w.Err, sinks.ErrAmbiguous), dedupe.IsRetryable(w.Err):
+				again = append(again, msgs[j])
+			default:
+				return fmt.Errorf("write %s to %s: %w: %w", what, topic, dedupe.ErrBrokerRefused, w.Err)
+			}
 		}
-		if len(missing) == 0 {
-			pz.resume()
-			return out, nil
+		msgs = again
+		if len(msgs) > 0 {
+			pz.pause(ctx, "write "+what, err)
 		}
-		todo = missing
 	}
-}
-
-// findResult scans an output partition from floor for a result of key.
-func (p *Pipeline) findResult(ctx context.Context, pz *pauser, partition int, floor int64, key string) (sinks.Written, bool, error) {
-	offset := floor
-	for {
-		recs, hw, err := p.cfg.Broker.Fetch(ctx, p.cfg.Output, partition, offset, 10*time.Millisecond)
-		if err != nil {
-			if ctx.Err() != nil {
-				return sinks.Written{}, false, ctx.Err()
-			}
-			pz.pause(ctx, "scan", err)
-			continue
-		}
-		for _, r := range recs {
-			if k, _ := sinks.HeaderValue(r.Headers, sinks.HeaderKey); k == key {
-				return sinks.Written{Partition: partition, Offset: r.Offset}, true, nil
-			}
-		}
-		if len(recs) == 0 || recs[len(recs)-1].Offset+1 >= hw {
-			return sinks.Written{}, false, nil
-		}
-		offset = recs[len(recs)-1].Offset + 1
-	}
+	pz.resume()
+	return nil
 }
 
 // storedResult reads the result record a completed key points to.
@@ -382,10 +289,10 @@ func (p *Pipeline) inputRecord(ctx context.Context, source string) (sinks.Messag
 // conflictPaths names the fields that differ from the first copy. The
 // first copy is in this batch, or read back from the input at the source
 // the store recorded (while the topic's retention keeps it).
-func (p *Pipeline) conflictPaths(ctx context.Context, o *dedupe.Outcome, cur *dedupe.Record, recs []dedupe.Record, results []resultWork, firstIn map[string]int) []string {
+func (p *Pipeline) conflictPaths(ctx context.Context, o *dedupe.Outcome, recs []dedupe.Record, cur *dedupe.Record, firstIn map[string]*firstCopy) []string {
 	var first []byte
-	if j, ok := firstIn[o.Key]; ok {
-		first = recs[results[j].rec].Value
+	if fc, ok := firstIn[o.Key]; ok {
+		first = recs[fc.rec].Value
 	} else if msg, ok := p.inputRecord(ctx, o.Decision.Entry.FirstSource); ok {
 		first = msg.Value
 	}
@@ -399,25 +306,39 @@ func (p *Pipeline) conflictPaths(ctx context.Context, o *dedupe.Outcome, cur *de
 	return paths
 }
 
-func (p *Pipeline) writeReplies(ctx context.Context, pz *pauser, recs []dedupe.Record, results []resultWork, replies []replyWork) error {
+// writeReplies re-publishes the stored result for each replay. A reply
+// needs the result: one whose key is still PENDING elsewhere, or whose
+// result can no longer be read (retention), is skipped and counted by
+// reason in skipped.
+func (p *Pipeline) writeReplies(ctx context.Context, pz *pauser, recs []dedupe.Record, replies []replyWork, skipped map[string]int) error {
 	var msgs []sinks.Message
 	for _, r := range replies {
 		var stored sinks.Message
-		if r.first >= 0 {
-			stored = results[r.first].msg
-		} else {
+		switch {
+		case r.first != nil && r.first.stage == stageWritten:
+			stored = r.first.msg
+		case r.first != nil && r.first.stage == stageFound:
+			var ok bool
+			if stored, ok = p.storedResult(ctx, r.first.result); !ok {
+				skipped["unreadable"]++
+				continue
+			}
+		case r.first != nil:
+			skipped["failed"]++
+			continue
+		case r.state == dedupe.Pending:
+			skipped["pending"]++
+			continue
+		default:
 			var ok bool
 			if stored, ok = p.storedResult(ctx, r.ref); !ok {
+				skipped["unreadable"]++
 				continue
 			}
 		}
 		msgs = append(msgs, sinks.Reply(p.cfg.Replies, stored, &recs[r.rec]))
 	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	_, err := p.writeOutputs(ctx, pz, msgs, nil, nil)
-	return err
+	return p.writeAtLeastOnce(ctx, pz, "replies", p.cfg.Replies, msgs)
 }
 
 // complete records the outcome of every first copy; a refused completion
@@ -444,9 +365,12 @@ func (p *Pipeline) complete(ctx context.Context, pz *pauser, comps []dedupe.Comp
 
 // logBurst writes one line per batch that dead-lettered records, at most
 // every ten seconds per pipeline, never one per record.
-func (p *Pipeline) logBurst(reasons map[dedupe.Reason]int, rulesChanged int) {
+func (p *Pipeline) logBurst(reasons map[dedupe.Reason]int, rulesChanged int, repliesSkipped map[string]int) {
 	if rulesChanged > 0 {
-		p.log.Info("rules_changed: fingerprints made under other rules decided as replays", "records", rulesChanged)
+		p.log.Info("rules_changed: fingerprints made under other rules decided again under the current ones", "records", rulesChanged)
+	}
+	if len(repliesSkipped) > 0 {
+		p.log.Info("replies skipped: no stored result to replay", "by_reason", fmt.Sprint(repliesSkipped))
 	}
 	if len(reasons) == 0 {
 		return

@@ -19,6 +19,17 @@ type Metrics struct {
 	Rebalances      *prometheus.CounterVec
 	Inflight        *prometheus.GaugeVec
 	BuildInfo       *prometheus.GaugeVec
+	// RepliesSkipped counts replays that got no reply record, by reason:
+	// pending (the key has no result yet), failed (its first copy failed),
+	// unreadable (the stored result is gone from the output topic).
+	RepliesSkipped *prometheus.CounterVec
+	// ScanFloorTruncated counts recovery scans whose floor the output
+	// partition no longer held (retention or DeleteRecords).
+	ScanFloorTruncated *prometheus.CounterVec
+	// BatchesAbandoned counts batches that ended before their outcomes
+	// were durable (revoked past the drain time, fenced, a store or broker
+	// refusal): their records are read again.
+	BatchesAbandoned *prometheus.CounterVec
 }
 
 // NewMetrics creates the series and registers them on reg.
@@ -45,9 +56,15 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 			Help: "Records fetched and not yet committed."}, []string{"pipeline"}),
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
 			Help: "Always 1; the labels say what runs."}, []string{"version", "go_version"}),
+		RepliesSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "replies_skipped_total",
+			Help: "Replays that got no reply record, by reason (pending, failed, unreadable)."}, []string{"pipeline", "reason"}),
+		ScanFloorTruncated: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "scan_floor_truncated_total",
+			Help: "Recovery scans whose floor the output partition no longer held."}, []string{"pipeline"}),
+		BatchesAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_abandoned_total",
+			Help: "Batches that ended before their outcomes were durable; their records are read again."}, []string{"pipeline"}),
 	}
 	for _, c := range []prometheus.Collector{m.Records, m.DLQRecords, m.LenientMismatch, m.Lag, m.DecisionSeconds,
-		m.StoreSeconds, m.StoreErrors, m.Rebalances, m.Inflight, m.BuildInfo} {
+		m.StoreSeconds, m.StoreErrors, m.Rebalances, m.Inflight, m.BuildInfo, m.RepliesSkipped, m.ScanFloorTruncated, m.BatchesAbandoned} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -68,6 +85,11 @@ func (m *Metrics) initPipeline(name string, reasons []string) {
 	m.LenientMismatch.WithLabelValues(name)
 	m.Rebalances.WithLabelValues(name)
 	m.Inflight.WithLabelValues(name)
+	for _, r := range []string{"pending", "failed", "unreadable"} {
+		m.RepliesSkipped.WithLabelValues(name, r)
+	}
+	m.ScanFloorTruncated.WithLabelValues(name)
+	m.BatchesAbandoned.WithLabelValues(name)
 	for _, op := range []string{"decide", "complete", "lookup"} {
 		m.StoreErrors.WithLabelValues(op)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +24,7 @@ type Broker interface {
 	Fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration) ([]sinks.Fetched, int64, error)
 	Write(ctx context.Context, msgs []sinks.Message) ([]sinks.Written, error)
 	EndOffsets(ctx context.Context, topic string, partitions []int) (map[int]int64, error)
+	StartOffsets(ctx context.Context, topic string, partitions []int) (map[int]int64, error)
 	Partitions(ctx context.Context, topic string) (int, error)
 }
 
@@ -63,6 +65,12 @@ type Config struct {
 	SettleWait time.Duration
 	// SessionTimeout of the group membership (default 10s).
 	SessionTimeout time.Duration
+	// DrainTimeout is how long a member whose partitions are revoked (a
+	// rebalance, SIGTERM) goes on with the batch in hand, so that the next
+	// owner finds its keys completed rather than PENDING; what is not done
+	// by then is abandoned (see protocol.go). It must stay below the
+	// rebalance timeout (SessionTimeout): default half of it.
+	DrainTimeout time.Duration
 }
 
 // Pipeline consumes one input topic as one consumer group member.
@@ -77,6 +85,8 @@ type Pipeline struct {
 	generation atomic.Int32
 
 	lastBurst atomic.Int64
+	// stop ends Run with an error that retrying cannot cure.
+	stop context.CancelCauseFunc
 }
 
 // New checks the configuration. It starts nothing: Run does.
@@ -101,6 +111,12 @@ func New(cfg Config) (*Pipeline, error) {
 	}
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = 10 * time.Second
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = cfg.SessionTimeout / 2
+	}
+	if cfg.DrainTimeout >= cfg.SessionTimeout {
+		return nil, fmt.Errorf("consumer: drain timeout %v must be shorter than the session (rebalance) timeout %v", cfg.DrainTimeout, cfg.SessionTimeout)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -133,9 +149,18 @@ func (p *Pipeline) Ready() bool { return p.joined.Load() && p.pausedN.Load() == 
 func (p *Pipeline) Name() string { return p.cfg.Name }
 
 // Run joins the group and processes assignments until ctx ends. It returns
-// nil after a clean shutdown: every partition stopped, nothing committed
-// that is not durable, the group left.
-func (p *Pipeline) Run(ctx context.Context) error {
+// nil after a clean shutdown: every partition drained or abandoned,
+// nothing committed that is not durable, the group left. It returns an
+// error when something refuses for good (a missing topic, an authorization
+// error, a dead letter the topic will not take): retrying would loop for
+// ever, and nothing past the record concerned may be committed.
+func (p *Pipeline) Run(parent context.Context) error {
+	ctx, stop := context.WithCancelCause(parent)
+	defer stop(nil)
+	p.stop = stop
+	if err := p.checkTopics(ctx); err != nil {
+		return fmt.Errorf("pipeline %s: %w", p.cfg.Name, err)
+	}
 	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                    p.cfg.Group,
 		Brokers:               p.cfg.Brokers,
@@ -157,6 +182,11 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		gen, err := cg.Next(ctx)
 		if ctx.Err() != nil {
 			p.joined.Store(false)
+			// Close waits for every partition to drain before leaving.
+			cg.Close()
+			if cause := context.Cause(ctx); parent.Err() == nil && cause != nil {
+				return fmt.Errorf("pipeline %s stopped: %w", p.cfg.Name, cause)
+			}
 			return nil
 		}
 		if err != nil {
@@ -187,18 +217,72 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 }
 
+// checkTopics refuses to start on topics that do not exist: every batch
+// would otherwise pause on them for ever.
+func (p *Pipeline) checkTopics(ctx context.Context) error {
+	for _, topic := range []string{p.cfg.Input, p.cfg.Output, p.cfg.DLQ, p.cfg.Replies} {
+		if topic == "" {
+			continue
+		}
+		for {
+			_, err := p.cfg.Broker.Partitions(ctx, topic)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			if !dedupe.IsRetryable(err) {
+				return err
+			}
+			p.log.Warn("reading topic metadata failed; retrying", "topic", topic, "err", err)
+			if sleep(ctx, time.Second) != nil {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// drainContext returns a context for the work of a partition that ends
+// drain after gen ends, or when the returned cancel is called: revocation
+// stops fetching at once, and lets the batch in hand finish for a while.
+func drainContext(gen context.Context, drain time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(gen))
+	var mu sync.Mutex
+	var timer *time.Timer
+	stopAfter := context.AfterFunc(gen, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		timer = time.AfterFunc(drain, cancel)
+	})
+	return ctx, func() {
+		stopAfter()
+		mu.Lock()
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
+}
+
 // runPartition processes one assigned partition until its generation ends.
-func (p *Pipeline) runPartition(ctx context.Context, commit Committer, genID int32, partition int, offset int64) {
+// Once it ends, no new batch starts; the one in hand has DrainTimeout to
+// finish and commit.
+func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int32, partition int, offset int64) {
 	holder := p.cfg.Instance + "/g" + strconv.Itoa(int(genID)) + "/" + p.cfg.Input + "/" + strconv.Itoa(partition)
 	log := p.log.With("partition", partition)
+	ctx, cancel := drainContext(gen, p.cfg.DrainTimeout)
+	defer cancel()
 	pz := &pauser{p: p, log: log}
 	defer pz.done()
 	held := 0 // records fetched and not yet committed or dropped
 	defer func() { p.inflight(-held) }()
-	for ctx.Err() == nil {
-		recs, hw, err := p.cfg.Broker.Fetch(ctx, p.cfg.Input, partition, offset, p.cfg.MaxWait)
+	for gen.Err() == nil {
+		recs, hw, err := p.cfg.Broker.Fetch(gen, p.cfg.Input, partition, offset, p.cfg.MaxWait)
 		if err != nil {
-			if ctx.Err() != nil {
+			if gen.Err() != nil {
 				return
 			}
 			if errors.Is(err, kafka.OffsetOutOfRange) {
@@ -206,7 +290,11 @@ func (p *Pipeline) runPartition(ctx context.Context, commit Committer, genID int
 				offset = kafka.FirstOffset
 				continue
 			}
-			pz.pause(ctx, "fetch", err)
+			if !dedupe.IsRetryable(err) {
+				p.stop(fmt.Errorf("fetch %s/%d: %w", p.cfg.Input, partition, err))
+				return
+			}
+			pz.pause(gen, "fetch", err)
 			continue
 		}
 		pz.resume()
@@ -214,21 +302,28 @@ func (p *Pipeline) runPartition(ctx context.Context, commit Committer, genID int
 		p.setLag(partition, hw, offset, recs)
 		held = len(recs)
 		p.inflight(held)
-		for start := 0; start < len(recs); start += p.cfg.BatchSize {
+		for start := 0; start < len(recs) && gen.Err() == nil; start += p.cfg.BatchSize {
 			batch := recs[start:min(start+p.cfg.BatchSize, len(recs))]
 			if err := p.processBatch(ctx, pz, holder, batch, fetched); err != nil {
+				if m := p.cfg.Metrics; m != nil {
+					m.BatchesAbandoned.WithLabelValues(p.cfg.Name).Inc()
+				}
 				if ctx.Err() != nil {
+					log.Info("revoked: the batch in hand did not finish within the drain time; its records go to the next owner",
+						"offset", offset, "drain", p.cfg.DrainTimeout)
 					return
 				}
-				// Fenced, or an error retrying cannot cure at once: drop
-				// the batch, commit nothing, and read again from the last
-				// committed offset; the store decides what comes back.
+				if !errors.Is(err, errFenced) && dedupe.Classify(err) == dedupe.Fatal {
+					log.Error("stopping: an error that retrying cannot cure; nothing past it is committed", "offset", offset, "err", err)
+					p.stop(err)
+					return
+				}
+				// Fenced: another worker took a key over. Drop the batch,
+				// commit nothing, and read again from the last committed
+				// offset; the store decides what comes back.
 				log.Warn("batch dropped without commit; its records are read again", "offset", offset, "err", err)
 				p.inflight(-held)
 				held = 0
-				if !errors.Is(err, errFenced) {
-					_ = sleep(ctx, time.Second)
-				}
 				break
 			}
 			next := batch[len(batch)-1].Offset + 1

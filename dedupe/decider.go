@@ -176,8 +176,15 @@ func (d *Decider) extractKey(rec *Record) (string, error) {
 // Decide decides a batch of records for one holder (see Owner) and returns
 // one Outcome per record, in order. Records whose key another holder owns
 // are polled with backoff until the lease ends or pending_timeout passes,
-// then decided. An error means the store did not answer: nothing in the
-// batch is decided, and the caller must retry the whole batch.
+// then decided; a record that is its PENDING entry's own source (its
+// owner's batch ended without a result) waits for the lease whatever
+// pending_timeout says, because no other record will give the key its
+// result.
+//
+// An error means the store did not answer, or ctx ended: the batch is not
+// decided and must be decided again. The outcomes returned with the error
+// are those the store gave before it (an empty Kind for the others), so
+// that the caller can release the keys it already owns.
 func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, intent IntentFunc) ([]Outcome, error) {
 	out := make([]Outcome, len(recs))
 	reqs := make([]DecideRequest, 0, len(recs))
@@ -213,13 +220,14 @@ func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, inte
 
 	deadline := d.now().Add(d.policy.PendingTimeout)
 	backoff := 25 * time.Millisecond
+	final := false
 	for len(reqs) > 0 {
 		decisions, err := d.store.Decide(ctx, reqs)
 		if err != nil {
-			return nil, err
+			return out, err
 		}
 		if len(decisions) != len(reqs) {
-			return nil, fmt.Errorf("store answered %d decisions for %d requests", len(decisions), len(reqs))
+			return out, fmt.Errorf("store answered %d decisions for %d requests", len(decisions), len(reqs))
 		}
 		waitReqs, waitIdx := reqs[:0], idx[:0]
 		var leaseLeft time.Duration
@@ -238,20 +246,25 @@ func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, inte
 			break
 		}
 		left := deadline.Sub(d.now())
-		if left <= 0 {
+		if left <= 0 && !final {
+			final = true
 			for j := range reqs {
 				reqs[j].Final = true
 			}
 			continue
 		}
 		// Back off like a client honouring Retry-After: never past the
-		// deadline, never longer than the lease needs.
-		pause := min(backoff, left)
+		// deadline, never longer than the lease needs. After the deadline
+		// only owners' own records are still waiting, for their lease.
+		pause := backoff
+		if left > 0 {
+			pause = min(pause, left)
+		}
 		if leaseLeft > 0 {
 			pause = min(pause, leaseLeft+time.Millisecond)
 		}
 		if err := d.wait(ctx, pause); err != nil {
-			return nil, err
+			return out, err
 		}
 		backoff = min(backoff*2, time.Second)
 	}

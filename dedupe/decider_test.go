@@ -328,6 +328,47 @@ func TestPendingElsewhereOwnerNeverFinishes(t *testing.T) {
 	}
 }
 
+// The owner's batch ended without a result (its generation ended in a
+// rebalance, or it died) and the same record reaches the next holder. It
+// must neither be a replay after pending_timeout (nothing else would give
+// the key its result) nor take a live lease: it waits for the lease, then
+// resumes the key and the caller scans for a result before writing.
+func TestOwnRecordRedeliveredWaitsForTheLeaseNotPendingTimeout(t *testing.T) {
+	r := newRig(t, policy(dedupe.Strict))
+	rec := r.record(keyA, body)
+	r.decide(r.dec, "instance-b/g1/commands/0", rec)
+	start := r.clock.Now()
+	o := r.decide(r.dec, "instance-c/g2/commands/0", rec)[0]
+	if o.Kind != dedupe.OutcomeFirst || !o.Decision.Resumed {
+		t.Fatalf("own record at the next holder: %s resumed=%v, want a resumed first", o.Kind, o.Decision.Resumed)
+	}
+	lease := policy(dedupe.Strict).Lease()
+	if waited := r.clock.Now().Sub(start); waited < lease || waited > lease+2*time.Second {
+		t.Errorf("waited %v, want about the lease (%v), not pending_timeout", waited, lease)
+	}
+}
+
+// A released key (the owner's generation ended before it wrote) is taken
+// over by the next holder without waiting.
+func TestReleasedKeyIsResumedAtOnce(t *testing.T) {
+	r := newRig(t, policy(dedupe.Strict))
+	rec := r.record(keyA, body)
+	out := r.decide(r.dec, "instance-b/g1/commands/0", rec)
+	errs, err := r.store.Complete(context.Background(), []dedupe.Completion{{Namespace: "coupon-claim", Key: out[0].Key,
+		Owner: dedupe.Owner{Holder: "instance-b/g1/commands/0", Source: rec.Source()}, State: dedupe.Pending}})
+	if err != nil || errs[0] != nil {
+		t.Fatalf("release: %v %v", err, errs)
+	}
+	start := r.clock.Now()
+	o := r.decide(r.dec, "instance-c/g2/commands/0", rec)[0]
+	if o.Kind != dedupe.OutcomeFirst || !o.Decision.Resumed {
+		t.Fatalf("released key: %s resumed=%v, want a resumed first", o.Kind, o.Decision.Resumed)
+	}
+	if waited := r.clock.Now().Sub(start); waited != 0 {
+		t.Errorf("waited %v for a released key, want no wait", waited)
+	}
+}
+
 func TestRenewReportsLostKeys(t *testing.T) {
 	r := newRig(t, policy(dedupe.Strict))
 	recs := []dedupe.Record{r.record(keyA, body), r.record("1f8a2c1d-3e4f-4a5b-8c6d-7e8f9a0b1c2d", body)}
@@ -410,8 +451,13 @@ func TestStoreDownDecidesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := d.Decide(context.Background(), holderHere, []dedupe.Record{{Headers: []dedupe.Header{{Key: "Idempotency-Key", Value: []byte(keyA)}}, Value: []byte(body)}}, nil)
-	if err == nil || out != nil {
-		t.Fatalf("Decide with the store down = %v, %v; want no outcomes and an error", out, err)
+	if err == nil {
+		t.Fatalf("Decide with the store down = %v, nil; want an error", out)
+	}
+	for i, o := range out {
+		if o.Kind != "" {
+			t.Errorf("record %d decided %s with the store down", i, o.Kind)
+		}
 	}
 	if !dedupe.IsRetryable(err) {
 		t.Errorf("store outage classified %v, want retryable", dedupe.Classify(err))

@@ -37,6 +37,16 @@ var (
 	// owns the key: another worker took the lease over. The stale owner
 	// must drop its work without committing offsets.
 	ErrFenced = errors.New("owner fenced: key owned by another worker")
+
+	// ErrBrokerUnavailable wraps a Kafka request that failed for a reason
+	// that may pass (no leader, a timeout, a cut connection): retry it,
+	// after checking what an ambiguous write left behind.
+	ErrBrokerUnavailable = errors.New("broker unavailable")
+
+	// ErrBrokerRefused wraps a Kafka request that the cluster refused for
+	// a reason retrying cannot cure (authorization, a missing topic, an
+	// invalid configuration): the pipeline stops and says why.
+	ErrBrokerRefused = errors.New("broker refused the request")
 )
 
 // Class is what a caller should do about an error.
@@ -69,7 +79,10 @@ func Classify(err error) Class {
 		return Fatal
 	case ReasonOf(err) != "":
 		return Poison
+	case errors.Is(err, ErrBrokerRefused):
+		return Fatal
 	case errors.Is(err, ErrStoreUnavailable),
+		errors.Is(err, ErrBrokerUnavailable),
 		errors.Is(err, context.DeadlineExceeded):
 		return Retryable
 	}

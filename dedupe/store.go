@@ -72,6 +72,25 @@ type Entry struct {
 	Now time.Time
 }
 
+// PendingRetention is how long a PENDING entry outlives its lease. A
+// PENDING key must not be forgotten while its record may still come back
+// (the group stopped, Redis or the output away for longer than the
+// window): forgetting it would decide the key first again without looking
+// for the result its owner may have written. A day covers any outage an
+// operator would resume from rather than re-process.
+const PendingRetention = 24 * time.Hour
+
+// RetainUntil is when the store may forget e: ExpiresAt, or for a PENDING
+// entry PendingRetention after its lease if that is later.
+func (e *Entry) RetainUntil() time.Time {
+	if e.State == Pending {
+		if t := e.LeaseUntil.Add(PendingRetention); t.After(e.ExpiresAt) {
+			return t
+		}
+	}
+	return e.ExpiresAt
+}
+
 // DecideRequest asks the store to decide one record.
 type DecideRequest struct {
 	Namespace   string // the pipeline: keys of different pipelines never meet
@@ -155,6 +174,9 @@ type Completion struct {
 	Result ResultRef
 	// FailedTTL is how long a Failed key is kept (failed_ttl).
 	FailedTTL time.Duration
+	// KeepAtLeast is how long a Success entry is kept after a completion
+	// that came after its window ended (see ApplyCompletion).
+	KeepAtLeast time.Duration
 }
 
 // Store holds per-key state and decides atomically. Implementations must
@@ -165,9 +187,10 @@ type Completion struct {
 // call are decided in order, each seeing the effect of the previous.
 //
 // Complete moves PENDING entries owned by the given token to Success (kept
-// until the window ends) or Failed (kept FailedTTL). It returns one error
-// per completion: nil, or one wrapping ErrFenced when the token no longer
-// owns the key (it was taken over, or the entry expired).
+// until the window ends) or Failed (kept FailedTTL), or releases them
+// (State Pending: see [ApplyCompletion]). It returns one error per
+// completion: nil, or one wrapping ErrFenced when the token no longer owns
+// the key (it was taken over, or the entry expired).
 //
 // Lookup returns the stored entry of a key, and false when there is none.
 //
@@ -192,17 +215,26 @@ type Store interface {
 //	FAILED, other fingerprint    conflict (rerun if rules   first (rerun)
 //	                             changed)
 //	PENDING, own record          first (resumed)            first (resumed)
+//	PENDING, own source, other   pending while the lease runs, even when
+//	holder                       Final; then first (resumed, new owner)
 //	PENDING, same holder         as SUCCESS                 as SUCCESS
 //	PENDING, lease running       pending (as SUCCESS when Final)
 //	PENDING, lease over          first (resumed, new owner) if the record
 //	                             could be the same request, else conflict
+//
+// An entry is forgotten when its window ends (FAILED: when failed_ttl
+// ends), with two exceptions that keep a key from being decided first
+// twice: a PENDING entry never ends with its window (it is kept until
+// [Entry.RetainUntil], and a late record finds it and resumes, scanning
+// for a result already written), and a SUCCESS entry answers the record
+// that produced it (its owner source) as a replay for as long as it is
+// stored, even past the window.
 func Apply(cur *Entry, req DecideRequest, now time.Time) (Decision, *Entry) {
 	clock := now
 	if !req.EventTime.IsZero() {
 		clock = req.EventTime
 	}
-	if cur != nil && (!now.Before(cur.ExpiresAt) ||
-		(cur.State != Failed && !clock.Before(cur.WindowStart.Add(req.Window)))) {
+	if cur != nil && expired(cur, req, clock, now) {
 		cur = nil
 	}
 	if cur == nil {
@@ -258,6 +290,16 @@ func Apply(cur *Entry, req DecideRequest, now time.Time) (Decision, *Entry) {
 		e.LeaseUntil = now.Add(req.Lease)
 		d.Verdict, d.Resumed, d.Entry = VerdictFirst, true, e
 		return d, &e
+	case cur.Owner.Source == req.Owner.Source:
+		// The owner's own record, delivered to another holder (the next
+		// generation, or another member after a rebalance). Its offset was
+		// never committed, and it is the only record left that will give
+		// the key its result: it is never a replay. It waits for the lease,
+		// Final or not, then takes the key over.
+		if now.Before(cur.LeaseUntil) {
+			d.Verdict = VerdictPending
+			return d, nil
+		}
 	case cur.Owner.Holder == req.Owner.Holder:
 		d.Verdict = replayOrConflict(sameRequest)
 		return d, nil
@@ -272,7 +314,7 @@ func Apply(cur *Entry, req DecideRequest, now time.Time) (Decision, *Entry) {
 		d.Verdict = VerdictConflict
 		return d, nil
 	}
-	// The lease ran out: take over, keeping the intent of the previous
+	// The lease ran out (or was released): take over, keeping the intent of the previous
 	// owner so that the scan starts low enough to find its write.
 	e := *cur
 	e.Owner = req.Owner
@@ -282,6 +324,20 @@ func Apply(cur *Entry, req DecideRequest, now time.Time) (Decision, *Entry) {
 	}
 	d.Verdict, d.Resumed, d.Entry = VerdictFirst, true, e
 	return d, &e
+}
+
+// expired reports whether cur no longer counts for req (see Apply).
+func expired(cur *Entry, req DecideRequest, clock, now time.Time) bool {
+	switch cur.State {
+	case Pending:
+		return !now.Before(cur.RetainUntil())
+	case Failed:
+		return !now.Before(cur.ExpiresAt)
+	}
+	if !now.Before(cur.ExpiresAt) {
+		return true
+	}
+	return !clock.Before(cur.WindowStart.Add(req.Window)) && cur.Owner.Source != req.Owner.Source
 }
 
 func replayOrConflict(sameRequest bool) Verdict {
@@ -294,11 +350,22 @@ func replayOrConflict(sameRequest bool) Verdict {
 // ApplyCompletion is the reference completion rule: only the current owner
 // of a PENDING entry may finish it, and finishing it again the same way is
 // accepted, so that a retried completion is idempotent.
+//
+// A PENDING entry is completed by its owner even after its window ended
+// (Redis or the output was away for longer than the window): the entry is
+// then kept for KeepAtLeast after the completion, so that a redelivery of
+// the record that made it is a replay, not a second first.
+//
+// A completion with State Pending releases the key instead: its lease ends
+// now, its intent stays, and the next holder takes it over at once,
+// scanning the output for a result before it writes. An owner releases
+// only keys for which it has sent no result: after a release it must not
+// write one.
 func ApplyCompletion(cur *Entry, c Completion, now time.Time) (*Entry, error) {
-	if cur == nil || !now.Before(cur.ExpiresAt) {
+	if cur == nil || !now.Before(cur.RetainUntil()) {
 		return nil, fmt.Errorf("complete %q: %w (entry expired)", c.Key, ErrFenced)
 	}
-	if cur.State == c.State && cur.Owner == c.Owner && cur.Result == c.Result {
+	if cur.State == c.State && cur.Owner == c.Owner && cur.Result == c.Result && c.State != Pending {
 		// The same completion again: a retry after a timeout whose first
 		// attempt did reach the store.
 		return cur, nil
@@ -307,11 +374,19 @@ func ApplyCompletion(cur *Entry, c Completion, now time.Time) (*Entry, error) {
 		return nil, fmt.Errorf("complete %q as %s: %w (%s by %s)", c.Key, c.Owner.Token(), ErrFenced, cur.State, cur.Owner.Token())
 	}
 	e := *cur
+	if c.State == Pending {
+		if now.Before(e.LeaseUntil) {
+			e.LeaseUntil = now
+		}
+		return &e, nil
+	}
 	e.State = c.State
 	e.Result = c.Result
 	e.LeaseUntil = time.Time{}
 	if c.State == Failed {
 		e.ExpiresAt = now.Add(c.FailedTTL)
+	} else if keep := now.Add(c.KeepAtLeast); e.ExpiresAt.Before(keep) {
+		e.ExpiresAt = keep
 	}
 	return &e, nil
 }

@@ -101,6 +101,7 @@ func (c *Config) validate() error {
 	}
 	names := map[string]int{}
 	groups := map[string]int{}
+	outputs := map[string]int{}
 	for i, p := range c.Pipelines {
 		at := func(field string) string { return fmt.Sprintf("pipelines[%d].%s", i, field) }
 		if j, dup := names[p.Name]; dup {
@@ -117,6 +118,10 @@ func (c *Config) validate() error {
 				return fieldErr(at(t.field), "%q is also the input topic: idemstream would consume its own records", t.topic)
 			}
 		}
+		if j, dup := outputs[p.Output]; dup {
+			return fieldErr(at("output"), "%q is already the output of pipelines[%d]: a recovery scan could take the other pipeline's result for its own; give each pipeline its own output topic", p.Output, j)
+		}
+		outputs[p.Output] = i
 		if p.DLQ == p.Output {
 			return fieldErr(at("dlq"), "%q is also the output topic: dead letters would pass for results", p.DLQ)
 		}

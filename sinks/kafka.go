@@ -13,54 +13,81 @@ import (
 	"github.com/idemstream/idemstream/dedupe"
 )
 
-// Kafka writes messages with kafka-go's Client: one Produce request per
-// topic partition, acks from all in-sync replicas, and the offsets handed
-// back. It does not retry: a failed or timed-out produce may or may not
-// have been appended, and only the caller, which knows the idempotency
-// keys, can check the partition and decide (see the consumer package).
+// Kafka writes messages with kafka-go's Client: requests per topic
+// partition of at most MaxRequestBytes, acks from all in-sync replicas, and
+// the offsets handed back. It does not retry: a failed or timed-out produce
+// may or may not have been appended, and only the caller, which knows the
+// idempotency keys, can check the partition and decide (see the consumer
+// package).
 type Kafka struct {
 	client *kafka.Client
+	// MaxRequestBytes bounds the records of one produce request (about
+	// their size uncompressed), below the brokers' message.max.bytes
+	// (1 MiB by default). A larger single record is sent alone.
+	MaxRequestBytes int
+	// PartitionsTTL is how long a topic's partition count is reused before
+	// it is read again, so that added partitions are seen.
+	PartitionsTTL time.Duration
 
 	mu         sync.Mutex
-	partitions map[string]int
+	partitions map[string]partitionCount
+}
+
+type partitionCount struct {
+	n    int
+	read time.Time
 }
 
 // NewKafka returns a writer on client. It starts nothing.
 func NewKafka(client *kafka.Client) *Kafka {
-	return &Kafka{client: client, partitions: map[string]int{}}
+	return &Kafka{client: client, MaxRequestBytes: 512 << 10, PartitionsTTL: 30 * time.Second, partitions: map[string]partitionCount{}}
 }
 
 // ErrAmbiguous wraps a produce failure after which the records may have
 // been appended or not.
 var ErrAmbiguous = errors.New("produce outcome unknown")
 
-// Partitions returns the partition count of topic, cached.
+// errNotSent marks messages that were not sent because an earlier request
+// of their partition failed: their order must hold.
+var errNotSent = fmt.Errorf("%w: not sent, an earlier request of the partition failed", dedupe.ErrBrokerUnavailable)
+
+// Partitions returns the partition count of topic, read again after
+// PartitionsTTL.
 func (k *Kafka) Partitions(ctx context.Context, topic string) (int, error) {
 	k.mu.Lock()
-	n, ok := k.partitions[topic]
+	c, ok := k.partitions[topic]
 	k.mu.Unlock()
-	if ok {
-		return n, nil
+	if ok && time.Since(c.read) < k.PartitionsTTL {
+		return c.n, nil
 	}
 	meta, err := k.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		return 0, fmt.Errorf("metadata of %s: %w", topic, err)
+		return 0, fmt.Errorf("metadata of %s: %w: %w", topic, dedupe.ErrBrokerUnavailable, err)
 	}
+	n := 0
 	for _, t := range meta.Topics {
 		if t.Name == topic {
 			if t.Error != nil {
-				return 0, fmt.Errorf("metadata of %s: %w", topic, t.Error)
+				return 0, fmt.Errorf("metadata of %s: %w", topic, classifyTopicError(t.Error))
 			}
 			n = len(t.Partitions)
 		}
 	}
 	if n == 0 {
-		return 0, fmt.Errorf("topic %s has no partitions (does it exist?)", topic)
+		return 0, fmt.Errorf("topic %s has no partitions (does it exist?): %w", topic, dedupe.ErrBrokerRefused)
 	}
 	k.mu.Lock()
-	k.partitions[topic] = n
+	k.partitions[topic] = partitionCount{n: n, read: time.Now()}
 	k.mu.Unlock()
 	return n, nil
+}
+
+func classifyTopicError(err error) error {
+	var kerr kafka.Error
+	if errors.As(err, &kerr) && !kerr.Temporary() {
+		return fmt.Errorf("%w: %w", dedupe.ErrBrokerRefused, err)
+	}
+	return fmt.Errorf("%w: %w", dedupe.ErrBrokerUnavailable, err)
 }
 
 var balancer = &kafka.Murmur2Balancer{}
@@ -76,7 +103,16 @@ func PartitionFor(key []byte, n int) int {
 	return balancer.Balance(kafka.Message{Key: key}, parts...)
 }
 
-// Write produces msgs and returns where each landed, in order.
+// Write produces msgs and returns where each landed, in order. The
+// messages of one topic partition go in order, in requests of at most
+// MaxRequestBytes; after a request fails, the later ones of its partition
+// are not sent. The error is nil when every message was acknowledged;
+// otherwise it joins the failures, and each message that was not
+// acknowledged carries its own in Written.Err: wrapping ErrAmbiguous when
+// it may have been appended, dedupe.ErrPayloadTooLarge when the broker
+// refused that record for its size (a request of several is split until
+// the record is alone), dedupe.ErrBrokerRefused when retrying cannot help,
+// dedupe.ErrBrokerUnavailable otherwise.
 func (k *Kafka) Write(ctx context.Context, msgs []Message) ([]Written, error) {
 	out := make([]Written, len(msgs))
 	type tp struct {
@@ -85,13 +121,16 @@ func (k *Kafka) Write(ctx context.Context, msgs []Message) ([]Written, error) {
 	}
 	groups := map[tp][]int{}
 	var order []tp
+	var errs []error
 	for i := range msgs {
 		m := &msgs[i]
 		p := m.Partition
 		if p < 0 {
 			n, err := k.Partitions(ctx, m.Topic)
 			if err != nil {
-				return nil, err
+				out[i] = Written{Partition: -1, Offset: dedupe.NoPosition, Err: err}
+				errs = append(errs, err)
+				continue
 			}
 			p = PartitionFor(m.Key, n)
 		}
@@ -102,41 +141,104 @@ func (k *Kafka) Write(ctx context.Context, msgs []Message) ([]Written, error) {
 		groups[key] = append(groups[key], i)
 	}
 	for _, key := range order {
-		idx := groups[key]
-		records := make([]kafka.Record, len(idx))
-		for j, i := range idx {
-			m := &msgs[i]
-			records[j] = kafka.Record{Key: bytesOrNil(m.Key), Value: bytesOrNil(m.Value), Headers: toKafka(m.Headers)}
-		}
-		res, err := k.client.Produce(ctx, &kafka.ProduceRequest{
-			Topic: key.topic, Partition: key.partition, RequiredAcks: kafka.RequireAll,
-			Records: kafka.NewRecordReader(records...),
-		})
-		if err == nil && res.Error != nil {
-			err = res.Error
-		}
-		if err != nil {
-			return nil, classifyProduce(key.topic, key.partition, err)
-		}
-		for j, i := range idx {
-			out[i] = Written{Partition: key.partition, Offset: res.BaseOffset + int64(j)}
+		if err := k.writePartition(ctx, key.topic, key.partition, msgs, groups[key], out); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
-// classifyProduce tells a produce the broker refused (nothing appended)
-// from one whose fate is unknown.
-func classifyProduce(topic string, partition int, err error) error {
+// writePartition writes msgs[idx...] to one partition in requests of at
+// most MaxRequestBytes, filling out.
+func (k *Kafka) writePartition(ctx context.Context, topic string, partition int, msgs []Message, idx []int, out []Written) error {
+	var firstErr error
+	fail := func(rest []int, err error) {
+		for _, i := range rest {
+			out[i] = Written{Partition: partition, Offset: dedupe.NoPosition, Err: err}
+		}
+		if firstErr == nil && len(rest) > 0 {
+			firstErr = err
+		}
+	}
+	limit := len(idx) // records per request, halved while the broker finds requests too large
+	for len(idx) > 0 {
+		n, size := 0, 0
+		for n < len(idx) && n < limit && (n == 0 || size+recordSize(&msgs[idx[n]]) <= k.MaxRequestBytes) {
+			size += recordSize(&msgs[idx[n]])
+			n++
+		}
+		err := k.produce(ctx, topic, partition, msgs, idx[:n], out)
+		switch {
+		case err == nil:
+			idx = idx[n:]
+		case errors.Is(err, dedupe.ErrPayloadTooLarge) && n > 1:
+			// The broker's limit is below ours; a refused request
+			// appended nothing.
+			limit = n / 2
+		case errors.Is(err, dedupe.ErrPayloadTooLarge):
+			// That record alone is too large: the others go on.
+			fail(idx[:1], err)
+			idx = idx[1:]
+		default:
+			fail(idx[:n], err)
+			fail(idx[n:], errNotSent)
+			return firstErr
+		}
+	}
+	return firstErr
+}
+
+func (k *Kafka) produce(ctx context.Context, topic string, partition int, msgs []Message, idx []int, out []Written) error {
+	records := make([]kafka.Record, len(idx))
+	for j, i := range idx {
+		m := &msgs[i]
+		records[j] = kafka.Record{Key: bytesOrNil(m.Key), Value: bytesOrNil(m.Value), Headers: toKafka(m.Headers)}
+	}
+	res, err := k.client.Produce(ctx, &kafka.ProduceRequest{
+		Topic: topic, Partition: partition, RequiredAcks: kafka.RequireAll,
+		Records: kafka.NewRecordReader(records...),
+	})
+	if err == nil && res.Error != nil {
+		err = res.Error
+	}
+	if err != nil {
+		return classifyProduce(topic, partition, len(idx), err)
+	}
+	for j, i := range idx {
+		out[i] = Written{Partition: partition, Offset: res.BaseOffset + int64(j)}
+	}
+	return nil
+}
+
+// recordSize estimates a record's bytes in a produce request.
+func recordSize(m *Message) int {
+	n := len(m.Key) + len(m.Value) + 24
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value) + 4
+	}
+	return n
+}
+
+// classifyProduce is the one place that tells what a failed produce
+// means: refused for good (nothing appended, retrying cannot help),
+// refused for now (nothing appended), or of unknown outcome.
+func classifyProduce(topic string, partition, records int, err error) error {
 	var kerr kafka.Error
 	if errors.As(err, &kerr) {
-		switch kerr {
-		case kafka.RequestTimedOut, kafka.NotEnoughReplicasAfterAppend:
-			return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, ErrAmbiguous, err)
+		switch {
+		case kerr == kafka.RequestTimedOut || kerr == kafka.NotEnoughReplicasAfterAppend:
+			return fmt.Errorf("produce to %s/%d: %w: %w: %w", topic, partition, dedupe.ErrBrokerUnavailable, ErrAmbiguous, err)
+		case kerr == kafka.MessageSizeTooLarge || kerr == kafka.RecordListTooLarge:
+			return fmt.Errorf("produce of %d record(s) to %s/%d: %w: %w", records, topic, partition, dedupe.ErrPayloadTooLarge, err)
+		case kerr.Temporary():
+			return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, dedupe.ErrBrokerUnavailable, err)
 		}
-		return fmt.Errorf("produce to %s/%d: %w", topic, partition, err)
+		return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, dedupe.ErrBrokerRefused, err)
 	}
-	return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, ErrAmbiguous, err)
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, ErrAmbiguous, err)
+	}
+	return fmt.Errorf("produce to %s/%d: %w: %w: %w", topic, partition, dedupe.ErrBrokerUnavailable, ErrAmbiguous, err)
 }
 
 func bytesOrNil(b []byte) kafka.Bytes {
@@ -184,7 +286,10 @@ func (k *Kafka) Fetch(ctx context.Context, topic string, partition int, offset i
 		err = res.Error
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("fetch %s/%d from %d: %w", topic, partition, offset, err)
+		if errors.Is(err, kafka.OffsetOutOfRange) {
+			return nil, 0, fmt.Errorf("fetch %s/%d from %d: %w", topic, partition, offset, err)
+		}
+		return nil, 0, fmt.Errorf("fetch %s/%d from %d: %w", topic, partition, offset, classifyTopicError(err))
 	}
 	recs, err := drain(res.Records, offset)
 	if err != nil {
@@ -221,20 +326,30 @@ func (k *Kafka) Read(ctx context.Context, topic string, partition int, offset in
 // EndOffsets returns the next offset to be written of each partition of
 // topic (the high watermark).
 func (k *Kafka) EndOffsets(ctx context.Context, topic string, partitions []int) (map[int]int64, error) {
+	return k.listOffsets(ctx, topic, partitions, kafka.LastOffsetOf, func(po kafka.PartitionOffsets) int64 { return po.LastOffset })
+}
+
+// StartOffsets returns the first offset each partition of topic still
+// holds (the log start offset, after retention or DeleteRecords).
+func (k *Kafka) StartOffsets(ctx context.Context, topic string, partitions []int) (map[int]int64, error) {
+	return k.listOffsets(ctx, topic, partitions, kafka.FirstOffsetOf, func(po kafka.PartitionOffsets) int64 { return po.FirstOffset })
+}
+
+func (k *Kafka) listOffsets(ctx context.Context, topic string, partitions []int, of func(int) kafka.OffsetRequest, pick func(kafka.PartitionOffsets) int64) (map[int]int64, error) {
 	reqs := make([]kafka.OffsetRequest, len(partitions))
 	for i, p := range partitions {
-		reqs[i] = kafka.LastOffsetOf(p)
+		reqs[i] = of(p)
 	}
 	res, err := k.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
 	if err != nil {
-		return nil, fmt.Errorf("list offsets of %s: %w", topic, err)
+		return nil, fmt.Errorf("list offsets of %s: %w: %w", topic, dedupe.ErrBrokerUnavailable, err)
 	}
 	out := make(map[int]int64, len(partitions))
 	for _, po := range res.Topics[topic] {
 		if po.Error != nil {
-			return nil, fmt.Errorf("list offsets of %s/%d: %w", topic, po.Partition, po.Error)
+			return nil, fmt.Errorf("list offsets of %s/%d: %w", topic, po.Partition, classifyTopicError(po.Error))
 		}
-		out[po.Partition] = po.LastOffset
+		out[po.Partition] = pick(po)
 	}
 	return out, nil
 }

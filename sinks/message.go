@@ -20,6 +20,9 @@ type Message struct {
 type Written struct {
 	Partition int
 	Offset    int64
+	// Err is why the message was not acknowledged (Offset is then
+	// dedupe.NoPosition); nil once it was.
+	Err error
 }
 
 func withHeaders(in []dedupe.Header, extra ...dedupe.Header) []dedupe.Header {

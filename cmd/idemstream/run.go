@@ -175,13 +175,20 @@ func (s *service) run(ctx context.Context) error {
 		}
 		close(httpDone)
 	}()
+	// A pipeline that stops on an error retrying cannot cure stops the
+	// process: exit 1, with the reason as the last log line.
+	ctx, stopAll := context.WithCancel(ctx)
+	defer stopAll()
 	var wg sync.WaitGroup
 	errs := make([]error, len(s.pipelines))
 	for i, p := range s.pipelines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = p.Run(ctx)
+			if errs[i] = p.Run(ctx); errs[i] != nil {
+				s.log.Error("pipeline stopped", "pipeline", p.Name(), "err", errs[i])
+				stopAll()
+			}
 		}()
 	}
 	wg.Wait()
@@ -331,6 +338,13 @@ func (b *printingBroker) EndOffsets(ctx context.Context, topic string, partition
 		out[p] = 0
 	}
 	return out, nil
+}
+
+func (b *printingBroker) StartOffsets(ctx context.Context, topic string, partitions []int) (map[int]int64, error) {
+	if b.inputs[topic] {
+		return b.Broker.StartOffsets(ctx, topic, partitions)
+	}
+	return b.EndOffsets(ctx, topic, partitions)
 }
 
 func (b *printingBroker) Fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration) ([]sinks.Fetched, int64, error) {

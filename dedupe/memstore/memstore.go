@@ -90,7 +90,7 @@ func (s *Store) Lookup(ctx context.Context, namespace, key string) (dedupe.Entry
 	defer s.mu.Unlock()
 	now := s.now()
 	e, ok := s.entries[entryKey{namespace, key}]
-	if !ok || !now.Before(e.ExpiresAt) {
+	if !ok || !now.Before(e.RetainUntil()) {
 		return dedupe.Entry{}, false, nil
 	}
 	out := *e
@@ -112,7 +112,7 @@ func (s *Store) maybeSweep(now time.Time) {
 		return
 	}
 	for k, e := range s.entries {
-		if !now.Before(e.ExpiresAt) {
+		if !now.Before(e.RetainUntil()) {
 			delete(s.entries, k)
 		}
 	}

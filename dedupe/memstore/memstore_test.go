@@ -40,7 +40,16 @@ func TestSweepRemovesExpiredEntries(t *testing.T) {
 	if _, err := s.Decide(context.Background(), reqs); err != nil {
 		t.Fatal(err)
 	}
+	// Never completed, so PENDING: kept past the window until
+	// PendingRetention after the lease.
 	clock.Advance(2 * time.Second)
+	if _, err := s.Decide(context.Background(), reqs[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Len(); n != len(reqs) {
+		t.Fatalf("%d entries after the window, want all %d PENDING entries kept", n, len(reqs))
+	}
+	clock.Advance(dedupe.PendingRetention)
 	for range 4096 {
 		if _, err := s.Decide(context.Background(), reqs[:1]); err != nil {
 			t.Fatal(err)

@@ -22,7 +22,8 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
   -- Most records carry a new key: one SET NX decides them.
   local fresh = table.concat({'PENDING', fp, rd, holder, source, source, ip, ifl, '-1', '-1',
     tostring(clock), lu, nex, key}, SEP)
-  if redis.call('SET', name, fresh, 'NX', 'PXAT', now + window) then
+  local keep = math.max(now + window, now + lease + PENDING_RETENTION_MS)
+  if redis.call('SET', name, fresh, 'NX', 'PXAT', keep) then
     return 'first', '0000', ''
   end
 
@@ -31,12 +32,16 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
     if e.k ~= key then
       return 'error', '0000', 'entry ' .. name .. ' holds another key'
     end
-    if now >= tonumber(e.ex) or (e.s ~= 'FAILED' and clock >= tonumber(e.ws) + window) then
+    -- dedupe.expired: PENDING lives until retain_until, FAILED until ex,
+    -- SUCCESS until its window ends, except for its own record.
+    if now >= retain_until(e) then
+      e = nil
+    elseif e.s == 'SUCCESS' and clock >= tonumber(e.ws) + window and e.os ~= source then
       e = nil
     end
   end
   if e == nil then
-    redis.call('SET', name, fresh, 'PXAT', now + window)
+    redis.call('SET', name, fresh, 'PXAT', keep)
     return 'first', '0000', ''
   end
 
@@ -63,10 +68,13 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
     e.lu = lu
     return 'first', '10' .. tail, save(name, e)
   end
-  if e.oh == holder then
+  if e.os == source then
+    -- The owner's own record at another holder: never a replay; it waits
+    -- for the lease, Final or not, then takes the key over below.
+    if now < tonumber(e.lu) then return 'pending', '00' .. tail, raw end
+  elseif e.oh == holder then
     return judge, '00' .. tail, raw
-  end
-  if now < tonumber(e.lu) then
+  elseif now < tonumber(e.lu) then
     if final ~= '1' then return 'pending', '00' .. tail, raw end
     return judge, '00' .. tail, raw
   end

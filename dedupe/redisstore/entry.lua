@@ -8,7 +8,7 @@
 --  4 oh  owner holder      5 os  owner source     6 fs  first source
 --  7 ip  intent part.      8 ifl intent floor     9 rp  result partition
 -- 10 ro  result offset    11 ws  window start ms 12 lu  lease until ms
--- 13 ex  expires at ms (also the key's PXAT)      14 k  key
+-- 13 ex  window (FAILED: failed_ttl) end ms     14 k  key
 local FIELDS = {'s', 'fp', 'rd', 'oh', 'os', 'fs', 'ip', 'ifl', 'rp', 'ro', 'ws', 'lu', 'ex'}
 local SEP = '\31'
 
@@ -29,8 +29,21 @@ local function load(name)
   return e, raw
 end
 
+-- PENDING_RETENTION_MS is dedupe.PendingRetention: a PENDING entry is
+-- kept that long past its lease, whatever its window (dedupe.RetainUntil).
+local PENDING_RETENTION_MS = 86400000
+
+local function retain_until(e)
+  local ex = tonumber(e.ex)
+  if e.s == 'PENDING' then
+    local keep = tonumber(e.lu) + PENDING_RETENTION_MS
+    if keep > ex then return keep end
+  end
+  return ex
+end
+
 local function save(name, e)
   local raw = table.concat({e.s, e.fp, e.rd, e.oh, e.os, e.fs, e.ip, e.ifl, e.rp, e.ro, e.ws, e.lu, e.ex, e.k}, SEP)
-  redis.call('SET', name, raw, 'PXAT', tonumber(e.ex))
+  redis.call('SET', name, raw, 'PXAT', retain_until(e))
   return raw
 end

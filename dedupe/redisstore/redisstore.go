@@ -127,7 +127,7 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		out[i].Entry = newEntry(r, now)
 		start := len(buf)
 		buf = appendEntry(buf, &out[i].Entry)
-		fast[i] = pipe.Do(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", out[i].Entry.ExpiresAt.UnixMilli())
+		fast[i] = pipe.Do(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", out[i].Entry.RetainUntil().UnixMilli())
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, classify("decide", err)
@@ -217,7 +217,7 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 	for i, c := range comps {
 		names[i] = s.RedisKey(c.Namespace, c.Key)
 		args[i] = []any{c.Key, c.Owner.Holder, c.Owner.Source, string(c.State),
-			int64(c.Result.Partition), c.Result.Offset, ms(c.FailedTTL)}
+			int64(c.Result.Partition), c.Result.Offset, ms(c.FailedTTL), ms(c.KeepAtLeast)}
 	}
 	errs := make([]error, len(comps))
 	err := s.runGroups(ctx, "complete", completeScript, names, args, nil, nil, func(idx []int, rep []any) error {
@@ -252,7 +252,7 @@ func (s *Store) Lookup(ctx context.Context, namespace, key string) (dedupe.Entry
 		}
 		var err error
 		e, err = parseEntry(rep[0], rep[1])
-		found = err == nil && e.Key == key && e.Now.Before(e.ExpiresAt)
+		found = err == nil && e.Key == key && e.Now.Before(e.RetainUntil())
 		return err
 	})
 	if err != nil || !found {
@@ -382,7 +382,7 @@ func classify(op string, err error) error {
 
 func isTransient(err error) bool {
 	msg := err.Error()
-	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "EOF", "connection reset", "broken pipe", "i/o timeout"} {
+	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "OOM", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "EOF", "connection reset", "broken pipe", "i/o timeout"} {
 		if strings.Contains(msg, p) {
 			return true
 		}

@@ -350,6 +350,7 @@ func TestFastPathAndScriptStoreTheSameEntry(t *testing.T) {
 	}
 	// The script must read what the fast path wrote: a replay decides.
 	other := decideReq("fast-1", "holder-y")
+	other.Owner.Source = "in/1/7"
 	other.Final = true
 	if d, err := s.Decide(ctx, []dedupe.DecideRequest{other}); err != nil || d[0].Verdict != dedupe.VerdictReplay || d[0].Entry.Intent.Floor != 99 {
 		t.Errorf("script on a fast-path entry: %+v %v", d, err)

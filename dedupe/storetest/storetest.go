@@ -354,6 +354,72 @@ var cases = []testCase{
 			t.Errorf("the same completion again (a retry after a timeout): %v, want accepted", err)
 		}
 	}},
+	{"OwnRecordAtAnotherHolderWaitsForTheLease", func(t *testing.T, h Harness, d *driver) {
+		// The owner's batch ended without a result (a rebalance, a crash)
+		// and its record reaches the next holder: it must not be a replay,
+		// even once the waiter has given up (Final), or the key never gets
+		// a result.
+		old := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(old, dedupe.VerdictFirst)
+		next := req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10")
+		next.Intent = dedupe.Intent{Partition: 2, Floor: 300}
+		d.one(next, dedupe.VerdictPending)
+		next.Final = true
+		d.one(next, dedupe.VerdictPending)
+		h.Advance(lease + slack)
+		dec := d.one(next, dedupe.VerdictFirst)
+		if !dec.Resumed || dec.Entry.Owner != next.Owner || dec.Entry.Intent.Floor != 100 {
+			t.Errorf("own record after the lease = %+v, want Resumed by the new holder, intent floor kept at 100", dec)
+		}
+	}},
+	{"ReleasedKeyIsTakenOverAtOnce", func(t *testing.T, h Harness, d *driver) {
+		old := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(old, dedupe.VerdictFirst)
+		stranger := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		rel := complete(stranger, dedupe.Pending, dedupe.NoPosition)
+		if err := d.complete(rel); !errors.Is(err, dedupe.ErrFenced) {
+			t.Errorf("release by a holder that does not own the key: %v, want ErrFenced", err)
+		}
+		d.mustComplete(complete(old, dedupe.Pending, dedupe.NoPosition))
+		e, ok := d.lookup("k")
+		if !ok || e.State != dedupe.Pending || e.LeaseUntil.After(e.Now) || e.Intent.Floor != 100 {
+			t.Fatalf("after release: %+v (found %v), want PENDING, lease over, intent kept", e, ok)
+		}
+		next := req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10")
+		dec := d.one(next, dedupe.VerdictFirst)
+		if !dec.Resumed || dec.Entry.Owner != next.Owner {
+			t.Errorf("after release = %+v, want Resumed by the next holder at once", dec)
+		}
+		if err := d.complete(complete(old, dedupe.Success, 1)); !errors.Is(err, dedupe.ErrFenced) {
+			t.Errorf("completion by the holder that released the key: %v, want ErrFenced", err)
+		}
+	}},
+	{"PendingOutlivesItsWindow", func(t *testing.T, h Harness, d *driver) {
+		// Redis or the output was away for longer than the window: the
+		// owner still completes, and its own record is then a replay.
+		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		h.Advance(window + slack)
+		if e, ok := d.lookup("k"); !ok || e.State != dedupe.Pending {
+			t.Fatalf("PENDING entry past its window: %+v (found %v), want kept", e, ok)
+		}
+		c := complete(r, dedupe.Success, 5)
+		c.KeepAtLeast = window
+		d.mustComplete(c)
+		again := req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10")
+		d.one(again, dedupe.VerdictReplay)
+		d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/6"), dedupe.VerdictFirst)
+	}},
+	{"PendingPastItsWindowIsResumedNotNew", func(t *testing.T, h Harness, d *driver) {
+		d.one(req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)
+		h.Advance(window + slack)
+		taker := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		taker.Intent = dedupe.Intent{Partition: 2, Floor: 300}
+		dec := d.one(taker, dedupe.VerdictFirst)
+		if !dec.Resumed || dec.Entry.Intent.Floor != 100 {
+			t.Errorf("PENDING past its window = %+v, want Resumed with the old intent (a result may exist)", dec)
+		}
+	}},
 	{"ExpiredLeaseWithOtherBodyIsConflict", func(t *testing.T, h Harness, d *driver) {
 		d.one(req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)
 		h.Advance(lease + slack)

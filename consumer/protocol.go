@@ -1,0 +1,431 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/sinks"
+)
+
+// This file is the result protocol of doc.go ("The result protocol"): how
+// the first copies of one batch get exactly one result each. The batch
+// loop (batch.go) runs the handler and writes dead letters and replies;
+// everything that makes a result exactly-once happens here, in the order
+// of the steps below.
+
+// stage is where one first copy stands in the protocol. What a batch that
+// ends early (revoked, fenced, the pipeline stopping) does with a first
+// copy depends only on its stage (see abandon).
+type stage int
+
+const (
+	// stageDecided: PENDING under this holder's token, nothing sent.
+	stageDecided stage = iota
+	// stageFound: the scan found the result an earlier owner wrote.
+	stageFound
+	// stageHandled: the handler produced the result; not sent.
+	stageHandled
+	// stageFailed: the handler failed for good, or the broker refused the
+	// result record for good; nothing was appended.
+	stageFailed
+	// stageSent: a write was sent and its outcome is unknown.
+	stageSent
+	// stageWritten: the broker acknowledged the result.
+	stageWritten
+)
+
+// firstCopy is one key this holder decided first in the batch.
+type firstCopy struct {
+	rec     int // index in the batch
+	key     string
+	owner   dedupe.Owner
+	resumed bool
+	// intent is where the result goes: the partition recorded with the
+	// PENDING state (never recomputed once recorded) and its floor.
+	intent dedupe.Intent
+	stage  stage
+	msg    sinks.Message
+	result dedupe.ResultRef
+	reason dedupe.Reason // stageFailed: the dead letter's reason
+	err    error         // stageFailed: why
+}
+
+// results runs the protocol for the first copies of one batch.
+type results struct {
+	p      *Pipeline
+	pz     *pauser
+	holder string
+	recs   []dedupe.Record
+	outs   []dedupe.Outcome
+	firsts []*firstCopy
+	byRec  map[int]*firstCopy
+}
+
+func (p *Pipeline) newResults(pz *pauser, holder string, recs []dedupe.Record) *results {
+	return &results{p: p, pz: pz, holder: holder, recs: recs, byRec: map[int]*firstCopy{}}
+}
+
+// Step 1 and 2: read the floors, then decide the batch, recording with
+// every PENDING key the partition its result will go to and that
+// partition's end offset. Store and broker failures pause the partition
+// and try again; a refusal that cannot pass is returned.
+func (r *results) decide(ctx context.Context) error {
+	p := r.p
+	for {
+		nOut, floors, err := p.floors(ctx)
+		if err == nil {
+			var outs []dedupe.Outcome
+			outs, err = p.cfg.Decider.Decide(ctx, r.holder, r.recs, func(rec *dedupe.Record, key string) dedupe.Intent {
+				q := sinks.PartitionFor(sinks.ResultKey(rec, key), nOut)
+				return dedupe.Intent{Partition: int32(q), Floor: floors[q]}
+			})
+			// Keys decided before an error are this holder's already:
+			// abandon releases them if the batch ends here.
+			r.track(outs, nOut)
+			if err == nil {
+				r.outs = outs
+				r.pz.resume()
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !dedupe.IsRetryable(err) {
+			return fmt.Errorf("decide: %w", err)
+		}
+		r.pz.pause(ctx, "decide", err)
+	}
+}
+
+func (r *results) track(outs []dedupe.Outcome, nOut int) {
+	for i := range outs {
+		o := &outs[i]
+		if o.Kind != dedupe.OutcomeFirst || r.byRec[i] != nil {
+			continue
+		}
+		rec := &r.recs[i]
+		intent := o.Decision.Entry.Intent
+		if intent.Partition < 0 {
+			// No partition recorded (an entry from before intents):
+			// this is the first time it is chosen.
+			intent.Partition = int32(sinks.PartitionFor(sinks.ResultKey(rec, o.Key), nOut))
+			intent.Floor = dedupe.NoPosition
+		}
+		fc := &firstCopy{rec: i, key: o.Key, owner: dedupe.Owner{Holder: r.holder, Source: rec.Source()},
+			resumed: o.Decision.Resumed, intent: intent}
+		r.firsts = append(r.firsts, fc)
+		r.byRec[i] = fc
+	}
+}
+
+// Step 3: a resumed key (its own redelivered record, a released key, an
+// expired lease taken over) may have its result written already: scan
+// each intended partition once, from the lowest floor of the batch.
+func (r *results) recover(ctx context.Context) error {
+	var resumed []*firstCopy
+	for _, fc := range r.firsts {
+		if fc.resumed && fc.intent.Floor >= 0 {
+			resumed = append(resumed, fc)
+		}
+	}
+	found, err := r.p.scanFor(ctx, r.pz, resumed)
+	if err != nil {
+		return err
+	}
+	for fc, w := range found {
+		fc.stage, fc.result = stageFound, dedupe.ResultRef{Partition: int32(w.Partition), Offset: w.Offset}
+	}
+	return nil
+}
+
+// handled and failed record the handler's answer (batch.go runs it).
+func (fc *firstCopy) handled(msg sinks.Message) { fc.stage, fc.msg = stageHandled, msg }
+
+func (fc *firstCopy) failed(reason dedupe.Reason, err error) {
+	fc.stage, fc.reason, fc.err = stageFailed, reason, err
+}
+
+// Step 4: write the results. Before every attempt the leases of the keys
+// about to be written are renewed, so that however long a recovery takes,
+// no successor can scan before this write is visible; a key lost meanwhile
+// fences the batch. A write that may have been appended is never repeated
+// blindly: the partition waits SettleWait, scans, and writes only what is
+// missing. A result the broker refuses for good (too large) becomes a
+// dead letter; a refusal of the topic itself stops the pipeline.
+func (r *results) write(ctx context.Context) error {
+	var todo []*firstCopy
+	for _, fc := range r.firsts {
+		if fc.stage == stageHandled {
+			todo = append(todo, fc)
+		}
+	}
+	for len(todo) > 0 {
+		if err := r.renew(ctx, todo); err != nil {
+			return err
+		}
+		msgs := make([]sinks.Message, len(todo))
+		for j, fc := range todo {
+			msgs[j], fc.stage = fc.msg, stageSent
+		}
+		written, werr := r.p.cfg.Broker.Write(ctx, msgs)
+		if werr == nil {
+			for j, fc := range todo {
+				fc.wrote(written[j])
+			}
+			r.pz.resume()
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var retry, unknown []*firstCopy
+		for j, fc := range todo {
+			w := sinks.Written{Offset: dedupe.NoPosition, Err: werr}
+			if written != nil {
+				w = written[j]
+			}
+			switch {
+			case w.Err == nil && w.Offset >= 0:
+				fc.wrote(w)
+			case errors.Is(w.Err, sinks.ErrAmbiguous):
+				retry, unknown = append(retry, fc), append(unknown, fc)
+			case dedupe.Classify(w.Err) == dedupe.Poison:
+				fc.failed(dedupe.ReasonOf(w.Err), fmt.Errorf("the broker refused the result record: %w", w.Err))
+			case dedupe.IsRetryable(w.Err):
+				fc.stage = stageHandled // refused for now: nothing appended
+				retry = append(retry, fc)
+			default:
+				return fmt.Errorf("write results to %s: %w", r.p.cfg.Output, w.Err)
+			}
+		}
+		if len(retry) == 0 {
+			r.pz.resume()
+			return nil
+		}
+		r.pz.pause(ctx, "write", werr)
+		if len(unknown) > 0 {
+			if err := sleep(ctx, r.p.cfg.SettleWait); err != nil {
+				return err
+			}
+			found, err := r.p.scanFor(ctx, r.pz, unknown)
+			if err != nil {
+				return err
+			}
+			for _, fc := range unknown {
+				if w, ok := found[fc]; ok {
+					fc.wrote(w)
+				} else {
+					fc.stage = stageHandled // settled and absent: not appended
+				}
+			}
+		}
+		todo = todo[:0]
+		for _, fc := range retry {
+			if fc.stage == stageHandled {
+				todo = append(todo, fc)
+			}
+		}
+	}
+	return nil
+}
+
+func (fc *firstCopy) wrote(w sinks.Written) {
+	fc.stage, fc.result = stageWritten, dedupe.ResultRef{Partition: int32(w.Partition), Offset: w.Offset}
+}
+
+// renew extends the leases of the keys about to be written; a key taken
+// over meanwhile fences the whole batch, which is then read again.
+func (r *results) renew(ctx context.Context, fcs []*firstCopy) error {
+	rs := make([]*dedupe.Record, len(fcs))
+	os := make([]*dedupe.Outcome, len(fcs))
+	for j, fc := range fcs {
+		rs[j], os[j] = &r.recs[fc.rec], &r.outs[fc.rec]
+	}
+	var lost []bool
+	err := r.pz.retryStore(ctx, "renew", func() (err error) {
+		lost, err = r.p.cfg.Decider.Renew(ctx, r.holder, rs, os)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for j, l := range lost {
+		if l {
+			return fmt.Errorf("%w: key %s was taken over before its result was written", errFenced, fcs[j].key)
+		}
+	}
+	return nil
+}
+
+// Step 5: record every first copy's end in the store: SUCCESS with the
+// result's offset, or FAILED. Only the owner token may; a refusal means
+// another worker took a key over, and the batch must not commit.
+func (r *results) complete(ctx context.Context) error {
+	var comps []dedupe.Completion
+	for _, fc := range r.firsts {
+		switch fc.stage {
+		case stageFound, stageWritten:
+			comps = append(comps, r.completion(fc, dedupe.Success))
+		case stageFailed:
+			comps = append(comps, r.completion(fc, dedupe.Failed))
+		default:
+			return fmt.Errorf("complete: key %s is at stage %d, not finished", fc.key, fc.stage)
+		}
+	}
+	return r.p.complete(ctx, r.pz, comps)
+}
+
+func (r *results) completion(fc *firstCopy, st dedupe.State) dedupe.Completion {
+	c := dedupe.Completion{Namespace: r.p.cfg.Name, Key: fc.key, Owner: fc.owner, State: st,
+		Result: dedupe.ResultRef{Partition: -1, Offset: dedupe.NoPosition}}
+	switch st {
+	case dedupe.Success:
+		c.Result, c.KeepAtLeast = fc.result, r.p.policy.Lease()
+	case dedupe.Failed:
+		c.FailedTTL = r.p.policy.FailedTTL
+	}
+	return c
+}
+
+// abandonTimeout bounds the store call of abandon, which runs after the
+// batch's own context ended.
+const abandonTimeout = 3 * time.Second
+
+// abandon leaves the store as the next holder needs it when a batch ends
+// before step 5: keys whose result was acknowledged or found are
+// completed; keys for which nothing was sent are released, so that the
+// next holder takes them over at once instead of waiting for the lease;
+// keys with a write of unknown outcome are left to their lease, after
+// which the next owner scans for the result.
+func (r *results) abandon() (released, completed, leased int) {
+	var comps []dedupe.Completion
+	for _, fc := range r.firsts {
+		switch fc.stage {
+		case stageFound, stageWritten:
+			comps = append(comps, r.completion(fc, dedupe.Success))
+			completed++
+		case stageDecided, stageHandled, stageFailed:
+			comps = append(comps, r.completion(fc, dedupe.Pending))
+			released++
+		case stageSent:
+			leased++
+		}
+	}
+	if len(comps) == 0 {
+		return released, completed, leased
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+	defer cancel()
+	if _, err := r.p.cfg.Store.Complete(ctx, comps); err != nil {
+		r.pz.log.Warn("abandoned batch: the store did not answer; its keys wait for their lease", "err", err)
+		return 0, 0, leased + len(comps)
+	}
+	return released, completed, leased
+}
+
+// scanFor reads each output partition that fcs intend once, from the
+// lowest of their floors to its end, and returns where a result of this
+// pipeline for each key stands. A result matches by its idemstream-key
+// header and by its idemstream-source naming this pipeline's input, and
+// config refuses two pipelines writing one output topic.
+func (p *Pipeline) scanFor(ctx context.Context, pz *pauser, fcs []*firstCopy) (map[*firstCopy]sinks.Written, error) {
+	byPartition := map[int32][]*firstCopy{}
+	for _, fc := range fcs {
+		byPartition[fc.intent.Partition] = append(byPartition[fc.intent.Partition], fc)
+	}
+	found := map[*firstCopy]sinks.Written{}
+	for q, group := range byPartition {
+		floor := group[0].intent.Floor
+		want := map[string][]*firstCopy{}
+		for _, fc := range group {
+			floor = min(floor, fc.intent.Floor)
+			want[fc.key] = append(want[fc.key], fc)
+		}
+		hits, err := p.scan(ctx, pz, int(q), floor, want)
+		if err != nil {
+			return nil, err
+		}
+		for key, w := range hits {
+			for _, fc := range want[key] {
+				found[fc] = w
+			}
+		}
+	}
+	return found, nil
+}
+
+// scan reads output partition q from floor up to its high watermark and
+// returns the first result of each wanted key. A floor the partition no
+// longer holds (retention, DeleteRecords) is counted and the scan starts
+// at the log start: what was deleted cannot be found by anyone.
+func (p *Pipeline) scan(ctx context.Context, pz *pauser, q int, floor int64, want map[string][]*firstCopy) (map[string]sinks.Written, error) {
+	hits := map[string]sinks.Written{}
+	prefix := p.cfg.Input + "/"
+	offset := floor
+	for len(hits) < len(want) {
+		recs, hw, err := p.cfg.Broker.Fetch(ctx, p.cfg.Output, q, offset, 10*time.Millisecond)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if errors.Is(err, kafka.OffsetOutOfRange) {
+				start, serr := p.logStart(ctx, q)
+				if serr == nil && start > offset {
+					p.log.Warn("scan: floor below the partition's log start; scanning from the log start (records between were deleted)",
+						"partition", q, "floor", offset, "log_start", start)
+					if m := p.cfg.Metrics; m != nil {
+						m.ScanFloorTruncated.WithLabelValues(p.cfg.Name).Inc()
+					}
+					offset = start
+					continue
+				}
+				if serr == nil {
+					return hits, nil // past the end: nothing more to find
+				}
+				err = serr
+			}
+			if !dedupe.IsRetryable(err) {
+				return nil, fmt.Errorf("scan %s/%d: %w", p.cfg.Output, q, err)
+			}
+			pz.pause(ctx, "scan", err)
+			continue
+		}
+		for _, rec := range recs {
+			key, _ := sinks.HeaderValue(rec.Headers, sinks.HeaderKey)
+			if _, ok := want[key]; !ok {
+				continue
+			}
+			if _, seen := hits[key]; seen {
+				continue
+			}
+			if src, _ := sinks.HeaderValue(rec.Headers, sinks.HeaderSource); !strings.HasPrefix(src, prefix) {
+				continue
+			}
+			hits[key] = sinks.Written{Partition: q, Offset: rec.Offset}
+		}
+		if len(recs) == 0 || recs[len(recs)-1].Offset+1 >= hw {
+			break
+		}
+		offset = recs[len(recs)-1].Offset + 1
+	}
+	return hits, nil
+}
+
+func (p *Pipeline) logStart(ctx context.Context, q int) (int64, error) {
+	starts, err := p.cfg.Broker.StartOffsets(ctx, p.cfg.Output, []int{q})
+	if err != nil {
+		return 0, err
+	}
+	start, ok := starts[q]
+	if !ok {
+		return 0, fmt.Errorf("no log start offset for %s/%d: %w", p.cfg.Output, q, dedupe.ErrBrokerUnavailable)
+	}
+	return start, nil
+}
