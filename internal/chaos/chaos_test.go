@@ -462,13 +462,27 @@ pipelines:
 	fl.ensureRunning()
 	event("faults over")
 
-	// A rolling restart under load, graceful only: each member in turn
-	// gets SIGTERM and a successor that joins before the next one goes.
+	// Recovery: everything produced before the faults ended is committed
+	// within what a crash can explain.
 	for i := range members {
 		if !fl.waitReady(i, 90*time.Second) {
 			event("member %d not ready 90s after the faults", i)
 		}
 	}
+	qctx, qcancel := context.WithTimeout(ctx, 30*time.Second)
+	target, _, err := groupProgress(qctx, client, group, inTopic, partitions)
+	qcancel()
+	if err != nil {
+		fail("after the faults: end offsets: %v", err)
+	} else if took, err := waitCommitted(ctx, client, group, inTopic, partitions, target, stallMax); err != nil {
+		fail("LIVENESS after the faults: %v", err)
+		event("NOT caught up with the faults after %v", took.Round(time.Millisecond))
+	} else {
+		event("caught up with everything produced during the faults in %v", took.Round(time.Millisecond))
+	}
+
+	// A rolling restart under load, graceful only: each member in turn
+	// gets SIGTERM and a successor that joins before the next one goes.
 	rollFrom := time.Since(loadStart)
 	event("rolling restart begins")
 	for i := range members {

@@ -43,6 +43,9 @@
 //     hold records in flight (idemstream_inflight_records > 0), and counts
 //     the fault as mid-batch when it did; a fault type that never landed
 //     mid-batch fails the test;
+//   - once the faults are over, requires the group to commit everything
+//     produced until then within what a crash can explain (lease + settle
+//     wait + session timeout + 30s);
 //   - then restarts the three members one by one with SIGTERM, each
 //     successor joining before the next member goes, while the stream
 //     goes on: no partition may stall (stay behind its end without its

@@ -155,8 +155,8 @@ func (pg *progress) observe(now time.Time, ends, committed map[int]int64) {
 	}
 }
 
-// longest returns the longest stall that overlaps [from, to] (since start),
-// open stalls included.
+// longest returns the longest stall inside [from, to] (since start), open
+// stalls included, each cut to the window.
 func (pg *progress) longest(from, to time.Duration) stall {
 	pg.mu.Lock()
 	defer pg.mu.Unlock()
@@ -170,6 +170,8 @@ func (pg *progress) longest(from, to time.Duration) stall {
 		if s.to < from || s.from > to {
 			continue
 		}
+		// Only the part inside the window counts.
+		s.from, s.to = max(s.from, from), min(s.to, to)
 		if s.length() > best.length() {
 			best = s
 		}
