@@ -5,77 +5,114 @@
 // by the sinks package, and committed only once every outcome below the
 // committed offset is durable.
 //
-// # One batch
+// Two files hold it: batch.go is the batch loop (run the handler, dead
+// letters, replies, metrics); protocol.go is the result protocol, the
+// steps below, which alone make a result exactly-once.
 //
-//  1. Fetch up to BatchSize records of a partition (kafka-go Client.Fetch).
-//  2. Read the end offset of every output partition: the floors.
-//  3. Decide the batch in the store. For every first copy the store keeps,
-//     atomically with the PENDING state, the owner token and the intent:
-//     the output partition of the result (murmur2 of the result key, as
-//     Java producers pick it) and that partition's floor.
-//  4. Run the handler for the first copies, in order.
-//  5. Write results to their intended partitions, dead letters and replies
-//     (kafka-go Client.Produce, acks=all, offsets handed back).
-//  6. Renew the leases of the keys about to get a result (before step 5's
-//     result writes), then complete the keys in the store (SUCCESS with
-//     the result's offset, or FAILED): only the owner token may.
-//  7. Commit the offset after the batch.
+// # The result protocol of one batch
 //
-// # Exactly one result per key without Kafka transactions
+//  1. Floors: read the end offset of every output partition.
+//  2. Decide (results.decide): the store decides every record. For each
+//     first copy it keeps, atomically with the PENDING state, the owner
+//     token (instance, generation, input partition, and the record's own
+//     source) and the intent: the output partition of the result (murmur2
+//     of the result key, as Java producers pick it; recorded once and never
+//     recomputed) and that partition's floor.
+//  3. Recover (results.recover): a resumed key (its own record delivered
+//     again, a released key, an expired lease taken over) may have its
+//     result written already. Each intended partition is read once per
+//     batch, from the lowest floor, for results whose idemstream-key is a
+//     wanted key and whose idemstream-source names this pipeline's input.
+//     Found: the key completes with that result and nothing is written.
+//  4. Handle: the handler runs for the other first copies, in order.
+//  5. Write (results.write): before every attempt the leases of the keys
+//     about to be written are renewed (a key lost meanwhile fences the
+//     batch). Requests are split by bytes. A result the broker refuses for
+//     its size becomes a dead letter (payload_too_large) and its key
+//     FAILED; a refusal of the topic itself (authorization, a missing
+//     topic) stops the pipeline. A write of unknown outcome is never
+//     repeated blindly: the partition waits SettleWait, scans, and writes
+//     only what is missing.
+//  6. Dead letters and replies are written (at least once).
+//  7. Complete (results.complete): SUCCESS with the result's offset, or
+//     FAILED; only the owner token may.
+//  8. Commit the offset after the batch.
 //
-// kafka-go has no idempotent or transactional producer, so "written once"
-// comes from the store and from reading our own output back:
+// # Where it can stop, and what the next owner finds
 //
-//   - Crash before step 5: the key is PENDING under a lease. The record was
-//     not committed, so it is delivered again; whoever gets it finds the
-//     PENDING entry (its own token: resumed; another's with the lease over:
-//     taken over with a new token, the old intent kept) and scans the
-//     intended partition from the recorded floor for a record whose
-//     idemstream-key header is the key. Found: complete with it, write
-//     nothing. Not found: run the handler and write.
-//   - Write whose outcome is unknown (timeout, connection cut after the
-//     request was sent): nothing is retried blindly. The partition pauses
-//     for SettleWait (the time an appended record may take to become
-//     visible), scans from the floor, and writes only what is missing.
-//   - Crash after step 5, before step 6: the same as the first case; the
-//     scan finds the result and completes without writing.
-//   - Crash after step 6, before step 7: the redelivered records find
-//     SUCCESS and are replays (or conflicts): no second result.
-//   - A stale owner (paused by GC, partition revoked, kafka-go delivering
-//     records of a revoked partition, #1398) that tries to complete is
-//     refused by the owner token; it drops the batch without committing.
-//     A late commit from an old member that moves an offset backwards
-//     (#1308) only causes redelivery, which the store decides as replays.
-//   - Another record of the same key on another partition while the key is
-//     PENDING waits with backoff up to pending_timeout, then decides on
-//     the stored state or takes the expired lease over, as above.
-//   - Store unreachable: nothing is decided, written or committed; the
-//     partition pauses and /readyz reports not ready until it answers.
+//	stops                           next owner finds          does
+//	before 2                        nothing                   decides normally
+//	revoked between 2 and 5         PENDING, lease released   resumes at once, scans, writes
+//	  (rebalance, SIGTERM: the batch gets DrainTimeout to finish first)
+//	killed between 2 and 5          PENDING, lease running    its own record waits for the
+//	                                                          lease (never a replay), resumes,
+//	                                                          scans, writes
+//	write sent, outcome unknown     PENDING, lease running    same owner: settle, scan, write
+//	                                                          what is missing; others: as above
+//	after the write is acked        PENDING                   resumes, scans, finds it, completes
+//	after 7, before 8               SUCCESS                   a replay (or a conflict)
+//	a stale owner completes         another owner's token     refused (fenced): no commit
+//	outage longer than the window   PENDING (kept past its    owner completes; others resume and
+//	                                window)                   scan, never decide it new
 //
-// Residual assumptions, which an operator must make hold:
+// A revoked member stops fetching at once and gives the batch in hand
+// DrainTimeout (half the session timeout, below the rebalance timeout) to
+// finish and commit; kafka-go does not rejoin before it returns. What does
+// not finish is abandoned by stage (results.abandon): keys whose result was
+// acknowledged or found are completed, keys for which nothing was sent are
+// released (their lease ends now, their intent stays), keys with a write of
+// unknown outcome are left to their lease. So a rolling restart stalls a
+// partition for at most the drain time, and a crash stalls the keys it held
+// for at most the lease.
 //
-//   - A write of unknown outcome settles within SettleWait (the --settle-wait
-//     flag, 30s by default): on a replicated topic, set it to at least the
-//     brokers' replica.lag.time.max.ms. Only the partition concerned waits,
-//     and only after an ambiguous write.
-//   - The lease is twice pending_timeout. A waiter gives up after
-//     pending_timeout and decides on the stored state (a replay, or a
-//     conflict), so it never takes a live owner's key; and an owner renews
-//     the leases of its batch just before it writes results (Decider.Renew),
-//     writing nothing for a key it lost. After a renewal a full lease
-//     remains: `idemstream run` refuses to start when it is shorter than
-//     --settle-wait plus 10s for a write, so a successor cannot scan before
-//     the owner's write is visible. A pause longer than the lease (a frozen
-//     VM between renewal and write) is the known limit of any lease: the
-//     owner tokens still keep the state right.
-//   - Redis persists every acknowledged write (appendonly yes, appendfsync
-//     always, or WAIT on replicas). A store that forgets a SUCCESS entry
-//     forgets that the key was seen.
-//   - The output topic keeps its partition count during a window: the
-//     intended partition is computed from it.
-//   - The handler may run again for a key after a crash between step 4 and
-//     step 6: it must be idempotent, or its effect must be the result
-//     record itself (the default handler forwards the command).
+// Other records of a key PENDING elsewhere wait with backoff up to
+// pending_timeout, then are decided on the stored state (a replay, or a
+// conflict) and committed: the owner's own record, still uncommitted, gives
+// the key its result. A record that is its PENDING entry's own source
+// never does that: it waits for the lease, whatever pending_timeout says.
+//
+// When the rules change inside a window, a copy whose fingerprint differs
+// from one made under the old rules is settled by reading the first copy
+// back from its source and fingerprinting it under the current rules:
+// equal, a replay; different, a conflict.
+//
+// # Assumptions that remain, and the tests that cover them
+//
+//   - A write of unknown outcome settles within SettleWait (--settle-wait,
+//     30s by default): on a replicated topic, at least the brokers'
+//     replica.lag.time.max.ms. Only the partition concerned waits, and only
+//     after an ambiguous write. TestAmbiguousWriteIsNotRepeated; the chaos
+//     test kills the leader of an output partition of a three-broker
+//     cluster (internal/chaos).
+//   - The lease (twice pending_timeout) outlasts a write plus SettleWait:
+//     `idemstream run` refuses a lease shorter than --settle-wait plus 10s.
+//     A pause longer than the lease between a renewal and its write (a
+//     frozen VM) is the known limit of any lease: owner tokens keep the
+//     state right, and the scan finds every write that became visible
+//     before it. The chaos test freezes a member for longer than its lease.
+//   - Redis keeps every acknowledged write (appendonly yes, appendfsync
+//     always, or acknowledgement by replicas). A store that forgets an entry
+//     forgets that the key was seen. redisstore's durability tests.
+//   - A PENDING entry is kept dedupe.PendingRetention (a day) past its lease:
+//     a group stopped for longer and its records then read again may decide
+//     such a key first without a scan. storetest PendingOutlivesItsWindow.
+//   - Each pipeline has its own output topic (config refuses a shared one):
+//     the scan tells this pipeline's results by their source topic.
+//     TestRecoveryScanStartsAtTheLogStartAndReadsOnce.
+//   - The output partitions a floor names are kept long enough to scan;
+//     records deleted below a floor (retention, DeleteRecords) cannot be
+//     found: the scan starts at the log start and counts it
+//     (idemstream_scan_floor_truncated_total).
+//   - The handler may run again for a key after a crash or a revocation
+//     between steps 4 and 7: it must be idempotent, or its effect must be
+//     the result record itself (the default handler forwards the command).
+//     TestRevokedBatchReleasesItsKeys.
 //   - Dead letters and replies are written at least once: after an
-//     ambiguous write they may appear twice, with the same idemstream-source.
+//     ambiguous write they may appear twice, with the same
+//     idemstream-source. Replays whose result is still PENDING elsewhere,
+//     failed or gone get no reply, counted in
+//     idemstream_replies_skipped_total. TestSkippedRepliesAreCounted.
+//   - A topic that disappears while the pipeline runs pauses the partitions
+//     that write to it (not ready, the store alert); one missing at start
+//     stops the pipeline after 30 s. TestMissingTopicRefusesToStart.
 package consumer

@@ -217,9 +217,14 @@ func (p *Pipeline) Run(parent context.Context) error {
 	}
 }
 
+// topicWait bounds how long Run waits at start for a topic the cluster
+// says does not exist (one being created is not known everywhere at once).
+var topicWait = 30 * time.Second
+
 // checkTopics refuses to start on topics that do not exist: every batch
 // would otherwise pause on them for ever.
 func (p *Pipeline) checkTopics(ctx context.Context) error {
+	deadline := time.Now().Add(topicWait)
 	for _, topic := range []string{p.cfg.Input, p.cfg.Output, p.cfg.DLQ, p.cfg.Replies} {
 		if topic == "" {
 			continue
@@ -231,6 +236,9 @@ func (p *Pipeline) checkTopics(ctx context.Context) error {
 			}
 			if ctx.Err() != nil {
 				return nil
+			}
+			if errors.Is(err, sinks.ErrUnknownTopic) && time.Now().After(deadline) {
+				return fmt.Errorf("topic %s does not exist (create it, or fix the pipeline's topics): %w: %w", topic, dedupe.ErrBrokerRefused, err)
 			}
 			if !dedupe.IsRetryable(err) {
 				return err

@@ -47,6 +47,11 @@ func NewKafka(client *kafka.Client) *Kafka {
 // been appended or not.
 var ErrAmbiguous = errors.New("produce outcome unknown")
 
+// ErrUnknownTopic wraps a metadata answer that a topic does not exist.
+// It may pass (a topic being created is not yet known to every broker), so
+// it is retryable; a caller that must not wait for ever bounds the wait.
+var ErrUnknownTopic = errors.New("unknown topic")
+
 // errNotSent marks messages that were not sent because an earlier request
 // of their partition failed: their order must hold.
 var errNotSent = fmt.Errorf("%w: not sent, an earlier request of the partition failed", dedupe.ErrBrokerUnavailable)
@@ -67,6 +72,9 @@ func (k *Kafka) Partitions(ctx context.Context, topic string) (int, error) {
 	n := 0
 	for _, t := range meta.Topics {
 		if t.Name == topic {
+			if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
+				return 0, fmt.Errorf("metadata of %s: %w: %w: %w", topic, ErrUnknownTopic, dedupe.ErrBrokerUnavailable, t.Error)
+			}
 			if t.Error != nil {
 				return 0, fmt.Errorf("metadata of %s: %w", topic, classifyTopicError(t.Error))
 			}

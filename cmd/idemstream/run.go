@@ -36,6 +36,7 @@ func cmdRun(ctx context.Context, e *env, args []string) (err error) {
 	logFormat := fs.String("log-format", "json", "json or text")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	settle := fs.Duration("settle-wait", 30*time.Second, "how long a write of unknown outcome may take to become visible (replica.lag.time.max.ms)")
+	drain := fs.Duration("drain-timeout", 5*time.Second, "how long a revoked partition (rebalance, SIGTERM) goes on with the batch in hand before it releases its keys; below the 10s session timeout")
 	sink := fs.String("sink", "kafka", "kafka, or stdout to print results, dead letters and replies as JSON lines instead (debugging)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -55,7 +56,10 @@ func cmdRun(ctx context.Context, e *env, args []string) (err error) {
 	if *sink == "stdout" {
 		lines = sinks.NewJSONLines(e.stdout)
 	}
-	svc, err := buildService(cfg, e.getenv, log, *settle, lines)
+	if *drain <= 0 || *drain >= 10*time.Second {
+		return usagef("--drain-timeout %v: want more than 0 and less than the 10s session timeout", *drain)
+	}
+	svc, err := buildService(cfg, e.getenv, log, runTimings{settle: *settle, drain: *drain}, lines)
 	if err != nil {
 		return err
 	}
@@ -95,7 +99,14 @@ type service struct {
 	probe     storeProbe
 }
 
-func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Logger, settle time.Duration, lines *sinks.JSONLines) (*service, error) {
+// runTimings are the run flags that shape the result protocol.
+type runTimings struct {
+	settle time.Duration // --settle-wait
+	drain  time.Duration // --drain-timeout
+}
+
+func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Logger, timings runTimings, lines *sinks.JSONLines) (*service, error) {
+	settle := timings.settle
 	dialer, transport, err := kafkaSecurity(cfg, getenv)
 	if err != nil {
 		return nil, err
@@ -144,7 +155,7 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 			Name: pc.Name, Input: pc.Input, Output: pc.Output, DLQ: pc.DLQ, Replies: pc.Replies,
 			Group: cfg.ConsumerGroup(pc), Brokers: cfg.Kafka.Brokers, Dialer: dialer,
 			Decider: d, Store: store, Broker: io, Metrics: metrics, Logger: log,
-			Instance: instance, SettleWait: settle,
+			Instance: instance, SettleWait: settle, DrainTimeout: timings.drain,
 		})
 		if err != nil {
 			return nil, errors.Join(err, closeStore())

@@ -1,0 +1,346 @@
+package consumer_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemstream/idemstream/consumer"
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/sinks"
+)
+
+// config is the rig's pipeline configuration, for tests that change it.
+func (r *rig) config(pol dedupe.Policy, h consumer.Handler, broker consumer.Broker, instance string) consumer.Config {
+	r.t.Helper()
+	store := consumer.InstrumentStore(r.store, r.metrics)
+	d, err := dedupe.NewDecider(pol, store)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if broker == nil {
+		broker = r.io
+	}
+	return consumer.Config{
+		Name: pol.Pipeline, Input: "in", Output: "out", DLQ: "dlq",
+		Group: "g-" + pol.Pipeline, Brokers: r.brokers, Decider: d, Store: store, Broker: broker,
+		Handler: h, Metrics: r.metrics, Instance: instance, MaxWait: 50 * time.Millisecond, SettleWait: 50 * time.Millisecond,
+	}
+}
+
+func (r *rig) start(cfg consumer.Config) (stop func()) {
+	r.t.Helper()
+	p, err := consumer.New(cfg)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return r.run(p)
+}
+
+func (r *rig) resultsPerKey() map[string]int {
+	perKey := map[string]int{}
+	for _, res := range r.readAll("out") {
+		perKey[header(res, "idemstream-key")]++
+	}
+	return perKey
+}
+
+// A member whose partitions are revoked while its handler is still busy
+// (a rolling deploy, SIGTERM) abandons the batch within the drain time and
+// releases the key it had decided: the next owner resumes it at once and
+// writes its one result. Before, the key stayed PENDING under a live lease,
+// the next owner gave up after pending_timeout, decided the record as a
+// replay and committed it: the key never got a result.
+func TestRevokedBatchReleasesItsKeys(t *testing.T) {
+	r := newRig(t, 1)
+	pol := r.policy(dedupe.Strict)
+	entered := make(chan struct{})
+	var once sync.Once
+	busy := consumer.HandlerFunc(func(ctx context.Context, c consumer.Command) (consumer.Result, error) {
+		once.Do(func() { close(entered) })
+		<-ctx.Done()
+		return consumer.Result{}, ctx.Err()
+	})
+	cfg := r.config(pol, busy, nil, "member-a")
+	cfg.DrainTimeout = 200 * time.Millisecond
+	r.produce(cmd{"k1", `{"a":1}`, 0})
+	stopA := r.start(cfg)
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler was never called")
+	}
+	stopA()
+
+	e, ok, err := r.store.Lookup(context.Background(), "p", "k1")
+	if err != nil || !ok || e.State != dedupe.Pending {
+		t.Fatalf("k1 after the revocation: %+v %v %v, want PENDING", e, ok, err)
+	}
+	if e.LeaseUntil.After(e.Now) {
+		t.Errorf("k1's lease runs for %v after its owner left; want it released", e.LeaseUntil.Sub(e.Now))
+	}
+
+	stopB := r.start(r.config(pol, nil, nil, "member-b"))
+	defer stopB()
+	waitFor(t, "k1's result", func() bool { return r.resultsPerKey()["k1"] >= 1 })
+	if n := r.resultsPerKey()["k1"]; n != 1 {
+		t.Errorf("k1 has %d results, want 1", n)
+	}
+	if got := r.count("p", "replay"); got != 0 {
+		t.Errorf("%d replays: the owner's own record must not be a replay", got)
+	}
+}
+
+// Every result of a batch is too large for the broker but one: that one is
+// written, the other becomes a dead letter (payload_too_large) and its key
+// FAILED. Before, the partition retried the write for ever.
+func TestResultTooLargeBecomesADeadLetter(t *testing.T) {
+	r := newRig(t, 1)
+	pol := r.policy(dedupe.Strict)
+	huge := consumer.HandlerFunc(func(_ context.Context, c consumer.Command) (consumer.Result, error) {
+		if c.Key == "big" {
+			return consumer.Result{Value: bytes.Repeat([]byte{'x'}, 1200<<10)}, nil
+		}
+		return consumer.Result{Value: c.Record.Value}, nil
+	})
+	r.produce(cmd{"small", `{"a":1}`, 0}, cmd{"big", `{"a":2}`, 0})
+	stop := r.start(r.config(pol, huge, nil, "test"))
+	defer stop()
+	waitFor(t, "both records decided", func() bool { return r.count("p", "first")+r.count("p", "failed") == 2 })
+	if r.count("p", "first") != 1 || r.count("p", "failed") != 1 {
+		t.Errorf("first=%d failed=%d, want 1 and 1", r.count("p", "first"), r.count("p", "failed"))
+	}
+	dlq := r.readAll("dlq")
+	if len(dlq) != 1 || header(dlq[0], "idemstream-reason") != "payload_too_large" || header(dlq[0], "idemstream-key") != "big" {
+		t.Fatalf("dead letters: %d, want one payload_too_large for big", len(dlq))
+	}
+	if e, _, _ := r.store.Lookup(context.Background(), "p", "big"); e.State != dedupe.Failed {
+		t.Errorf("big is %s, want FAILED", e.State)
+	}
+}
+
+// refusingBroker refuses every write to one topic, as a broker does on an
+// authorization failure.
+type refusingBroker struct {
+	consumer.Broker
+	topic  string
+	writes atomic.Int32
+}
+
+func (b *refusingBroker) Write(ctx context.Context, msgs []sinks.Message) ([]sinks.Written, error) {
+	if len(msgs) > 0 && msgs[0].Topic == b.topic {
+		b.writes.Add(1)
+		return nil, fmt.Errorf("produce to %s: %w: %w", b.topic, dedupe.ErrBrokerRefused, kafka.TopicAuthorizationFailed)
+	}
+	return b.Broker.Write(ctx, msgs)
+}
+
+// A dead letter the topic refuses for good stops the pipeline with the
+// reason, instead of retrying for ever; nothing is committed past it.
+func TestRefusedDeadLetterStopsThePipeline(t *testing.T) {
+	r := newRig(t, 1)
+	pol := r.policy(dedupe.Strict)
+	broker := &refusingBroker{Broker: r.io, topic: "dlq"}
+	p, err := consumer.New(r.config(pol, nil, broker, "test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.produce(cmd{"", `{"no":"key"}`, 0})
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, dedupe.ErrBrokerRefused) {
+			t.Errorf("Run = %v, want the refusal", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not stop on a refusal that cannot pass")
+	}
+	if n := broker.writes.Load(); n != 1 {
+		t.Errorf("the refused write was tried %d times, want once", n)
+	}
+	if got := r.count("p", "invalid"); got != 0 {
+		t.Errorf("invalid counted %d times for a dead letter that was never written", got)
+	}
+}
+
+// A pipeline whose dead-letter topic does not exist does not start.
+func TestMissingTopicRefusesToStart(t *testing.T) {
+	defer consumer.SetTopicWait(100 * time.Millisecond)()
+	r := newRig(t, 1)
+	cfg := r.config(r.policy(dedupe.Strict), nil, nil, "test")
+	cfg.DLQ = "no-such-dlq"
+	p, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if err == nil || !errors.Is(err, sinks.ErrUnknownTopic) {
+			t.Errorf("Run = %v, want an error naming the missing topic", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not stop on a missing topic")
+	}
+}
+
+// truncatedBroker says the output partition no longer holds offsets below
+// start, as after retention or DeleteRecords, and counts output fetches.
+type truncatedBroker struct {
+	consumer.Broker
+	start   int64
+	fetches atomic.Int32
+}
+
+func (b *truncatedBroker) Fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration) ([]sinks.Fetched, int64, error) {
+	if topic == "out" {
+		b.fetches.Add(1)
+		if offset < b.start {
+			return nil, 0, fmt.Errorf("fetch out/%d from %d: %w", partition, offset, kafka.OffsetOutOfRange)
+		}
+	}
+	return b.Broker.Fetch(ctx, topic, partition, offset, maxWait)
+}
+
+func (b *truncatedBroker) StartOffsets(ctx context.Context, topic string, partitions []int) (map[int]int64, error) {
+	if topic == "out" {
+		out := map[int]int64{}
+		for _, p := range partitions {
+			out[p] = b.start
+		}
+		return out, nil
+	}
+	return b.Broker.StartOffsets(ctx, topic, partitions)
+}
+
+// Keys whose owner died after writing their results are resumed by the
+// next owner, whose scan must find those results without writing again:
+// one pass over the partition for the whole batch, from the log start when
+// the recorded floor was deleted. Before, the scan retried
+// OFFSET_OUT_OF_RANGE for ever, and read the partition once per key.
+func TestRecoveryScanStartsAtTheLogStartAndReadsOnce(t *testing.T) {
+	r := newRig(t, 1)
+	pol := r.policy(dedupe.Strict)
+	const keys = 5
+	// The dead owner: decided each key (floor 0 recorded), wrote the
+	// results after 3 records that are deleted now, and died.
+	var cmds []cmd
+	for i := range keys {
+		cmds = append(cmds, cmd{fmt.Sprintf("k%d", i), fmt.Sprintf(`{"n":%d}`, i), 0})
+	}
+	r.produce(cmds...)
+	filler := make([]sinks.Message, 3)
+	for i := range filler {
+		filler[i] = sinks.Message{Topic: "out", Partition: 0, Value: []byte("deleted")}
+	}
+	if _, err := r.io.Write(context.Background(), filler); err != nil {
+		t.Fatal(err)
+	}
+	dead := dedupe.Owner{Holder: "dead/g1/in/0"}
+	canon, err := dedupe.NewCanonicalizer(pol.Rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var results []sinks.Message
+	for i := range keys {
+		rec := dedupe.Record{Topic: "in", Partition: 0, Offset: int64(i), Value: []byte(fmt.Sprintf(`{"n":%d}`, i)),
+			Headers: []dedupe.Header{{Key: "Idempotency-Key", Value: []byte(fmt.Sprintf("k%d", i))}}}
+		dead.Source = rec.Source()
+		f, _ := canon.Fingerprint(rec.Value)
+		decs, err := r.store.Decide(context.Background(), []dedupe.DecideRequest{{Namespace: "p", Key: fmt.Sprintf("k%d", i),
+			Fingerprint: f, RulesDigest: canon.RulesDigest(), Semantics: dedupe.Strict, Window: pol.Window,
+			Lease: time.Millisecond, Owner: dead, Intent: dedupe.Intent{Partition: 0, Floor: 0}}})
+		if err != nil || decs[0].Verdict != dedupe.VerdictFirst {
+			t.Fatalf("dead owner's decision: %+v %v", decs, err)
+		}
+		o := dedupe.Outcome{Key: fmt.Sprintf("k%d", i), Fingerprint: f}
+		results = append(results, sinks.Result("out", 0, &rec, &o, rec.Value, nil))
+	}
+	if _, err := r.io.Write(context.Background(), results); err != nil {
+		t.Fatal(err)
+	}
+	broker := &truncatedBroker{Broker: r.io, start: 3}
+	stop := r.start(r.config(pol, nil, broker, "next"))
+	defer stop()
+	waitFor(t, "every key decided", func() bool { return r.count("p", "first") == keys })
+	for k, n := range r.resultsPerKey() {
+		if k != "" && n != 1 {
+			t.Errorf("key %s has %d results, want 1 (the dead owner's)", k, n)
+		}
+	}
+	if got := testutil.ToFloat64(r.metrics.ScanFloorTruncated.WithLabelValues("p")); got != 1 {
+		t.Errorf("scan_floor_truncated_total = %v, want 1", got)
+	}
+	// One refused fetch at the floor, then one pass from the log start.
+	if n := broker.fetches.Load(); n != 2 {
+		t.Errorf("%d fetches of the output for %d resumed keys, want 2 (one pass)", n, keys)
+	}
+	for i := range keys {
+		e, _, _ := r.store.Lookup(context.Background(), "p", fmt.Sprintf("k%d", i))
+		if e.State != dedupe.Success || e.Result.Offset != int64(3+i) {
+			t.Errorf("k%d: %s at %d, want SUCCESS at the dead owner's result %d", i, e.State, e.Result.Offset, 3+i)
+		}
+	}
+}
+
+// A replay of a key still PENDING under another owner, or whose result can
+// no longer be read, gets no reply: it is counted, not skipped silently.
+func TestSkippedRepliesAreCounted(t *testing.T) {
+	r := newRig(t, 1)
+	pol := r.policy(dedupe.Strict)
+	pol.PendingTimeout = 200 * time.Millisecond
+	other := dedupe.Owner{Holder: "elsewhere/g1/in/0", Source: "in/0/999"}
+	canon, _ := dedupe.NewCanonicalizer(pol.Rules)
+	fp, _ := canon.Fingerprint([]byte(`{"a":1}`))
+	if _, err := r.store.Decide(context.Background(), []dedupe.DecideRequest{{Namespace: "p", Key: "held", Fingerprint: fp,
+		RulesDigest: canon.RulesDigest(), Semantics: dedupe.Strict, Window: pol.Window, Lease: time.Hour, Owner: other,
+		Intent: dedupe.Intent{Partition: 0, Floor: 0}}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := r.config(pol, nil, nil, "test")
+	cfg.Replies = "replies"
+	r.produce(cmd{"held", `{"a":1}`, 0})
+	stop := r.start(cfg)
+	defer stop()
+	waitFor(t, "the replay", func() bool { return r.count("p", "replay") == 1 })
+	if got := testutil.ToFloat64(r.metrics.RepliesSkipped.WithLabelValues("p", "pending")); got != 1 {
+		t.Errorf("replies_skipped_total{reason=pending} = %v, want 1", got)
+	}
+}
+
+// An operator changes the rules inside a window: a copy that differs from
+// the first only in a field the new rules call volatile is a replay, but
+// one that really differs is still a conflict. Before, every mismatch under
+// changed rules was taken as a replay.
+func TestRulesChangeStillFindsRealConflicts(t *testing.T) {
+	r := newRig(t, 1)
+	before := r.policy(dedupe.Strict)
+	r.produce(cmd{"k", `{"amount":50,"note":"a","client_time":"1"}`, 0})
+	stop := r.start(r.config(before, nil, nil, "test"))
+	waitFor(t, "the first copy", func() bool { return r.count("p", "first") == 1 })
+	stop()
+
+	after := before
+	after.Rules = dedupe.CanonicalRules{Volatile: []string{"/client_time", "/note"}}
+	r.produce(cmd{"k", `{"amount":50,"note":"b","client_time":"2"}`, 0}, cmd{"k", `{"amount":70,"note":"a","client_time":"3"}`, 0})
+	stop = r.start(r.config(after, nil, nil, "test"))
+	defer stop()
+	waitFor(t, "both copies decided", func() bool { return r.count("p", "replay")+r.count("p", "conflict") == 2 })
+	if r.count("p", "replay") != 1 || r.count("p", "conflict") != 1 {
+		t.Errorf("replay=%d conflict=%d, want 1 and 1", r.count("p", "replay"), r.count("p", "conflict"))
+	}
+	dlq := r.readAll("dlq")
+	if len(dlq) != 1 || header(dlq[0], "idemstream-reason") != "conflict" || header(dlq[0], "idemstream-source") != "in/0/2" {
+		t.Errorf("dead letters: %d, want the amount change (in/0/2) as a conflict", len(dlq))
+	}
+}

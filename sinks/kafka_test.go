@@ -1,0 +1,176 @@
+package sinks_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/sinks"
+)
+
+func newBroker(t *testing.T, partitions int32, topics ...string) (*kafka.Client, *sinks.Kafka) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	client := &kafka.Client{Addr: kafka.TCP(c.ListenAddrs()...), Timeout: 10 * time.Second}
+	return client, sinks.NewKafka(client)
+}
+
+// Fifty results of 30 KiB for one partition are more than the broker takes
+// in one request (message.max.bytes, 1 MiB): they go in several, in order.
+func TestWriteSplitsRequestsByBytes(t *testing.T) {
+	_, k := newBroker(t, 1, "out")
+	msgs := make([]sinks.Message, 50)
+	for i := range msgs {
+		msgs[i] = sinks.Message{Topic: "out", Partition: 0, Key: []byte(fmt.Sprint(i)), Value: bytes.Repeat([]byte{'x'}, 30<<10)}
+	}
+	written, err := k.Write(context.Background(), msgs)
+	if err != nil {
+		t.Fatalf("Write of 1.5 MB to one partition: %v", err)
+	}
+	for i, w := range written {
+		if w.Err != nil || w.Offset != int64(i) {
+			t.Errorf("message %d: %+v, want offset %d", i, w, i)
+		}
+	}
+	// The broker's limit below ours: requests are halved until they fit.
+	k.MaxRequestBytes = 4 << 20
+	written, err = k.Write(context.Background(), msgs)
+	if err != nil {
+		t.Fatalf("Write with a request limit above the broker's: %v", err)
+	}
+	for i, w := range written {
+		if w.Err != nil || w.Offset != int64(50+i) {
+			t.Errorf("message %d: %+v, want offset %d", i, w, 50+i)
+		}
+	}
+}
+
+// A record the broker refuses for its size is that record's error alone:
+// it is classified poison (a dead letter), and the others are written.
+func TestWriteRefusesOneRecordTooLarge(t *testing.T) {
+	_, k := newBroker(t, 1, "out")
+	msgs := []sinks.Message{
+		{Topic: "out", Partition: 0, Value: []byte("small-1")},
+		{Topic: "out", Partition: 0, Value: bytes.Repeat([]byte{'x'}, 1200<<10)},
+		{Topic: "out", Partition: 0, Value: []byte("small-2")},
+	}
+	written, err := k.Write(context.Background(), msgs)
+	if err == nil {
+		t.Fatal("Write of a 1.2 MB record succeeded")
+	}
+	if written[1].Err == nil || dedupe.Classify(written[1].Err) != dedupe.Poison || dedupe.ReasonOf(written[1].Err) != dedupe.ReasonPayloadTooLarge {
+		t.Errorf("too large record: %+v (class %v), want poison payload_too_large", written[1], dedupe.Classify(written[1].Err))
+	}
+	if written[0].Err != nil || written[2].Err != nil || written[0].Offset != 0 || written[2].Offset != 1 {
+		t.Errorf("the other records: %+v %+v, want offsets 0 and 1", written[0], written[2])
+	}
+}
+
+// A topic that does not exist is named as such, so that a caller can
+// bound its wait for it (a topic being created is not known everywhere at
+// once).
+func TestMissingTopicIsNamed(t *testing.T) {
+	_, k := newBroker(t, 1, "out")
+	_, err := k.Partitions(context.Background(), "no-such-topic")
+	if !errors.Is(err, sinks.ErrUnknownTopic) {
+		t.Fatalf("partitions of a missing topic: %v, want ErrUnknownTopic", err)
+	}
+	written, err := k.Write(context.Background(), []sinks.Message{{Topic: "no-such-topic", Partition: -1, Value: []byte("v")}})
+	if err == nil || !errors.Is(written[0].Err, sinks.ErrUnknownTopic) {
+		t.Fatalf("write to a missing topic: %+v %v, want ErrUnknownTopic", written, err)
+	}
+}
+
+// Partitions added to a topic are seen once the cached count is old.
+func TestPartitionCountIsReadAgain(t *testing.T) {
+	client, k := newBroker(t, 2, "out")
+	client.Transport = &kafka.Transport{MetadataTTL: time.Millisecond}
+	k.PartitionsTTL = 0
+	if n, err := k.Partitions(context.Background(), "out"); err != nil || n != 2 {
+		t.Fatalf("partitions = %d, %v; want 2", n, err)
+	}
+	res, err := client.CreatePartitions(context.Background(), &kafka.CreatePartitionsRequest{
+		Topics: []kafka.TopicPartitionsConfig{{Name: "out", Count: 4}}})
+	if err != nil || res.Errors["out"] != nil {
+		t.Fatalf("create partitions: %v %v", err, res)
+	}
+	// kafka-go's transport caches metadata too, for MetadataTTL: poll.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := k.Partitions(context.Background(), "out")
+		if err == nil && n == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partitions after adding two = %d, %v; want 4", n, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// StartOffsets is the log start: after DeleteRecords, the first offset
+// still held.
+func TestStartOffsetsFollowDeletedRecords(t *testing.T) {
+	client, k := newBroker(t, 1, "out")
+	brokers := client.Addr.String()
+	msgs := make([]sinks.Message, 10)
+	for i := range msgs {
+		msgs[i] = sinks.Message{Topic: "out", Partition: 0, Value: []byte("v")}
+	}
+	if _, err := k.Write(context.Background(), msgs); err != nil {
+		t.Fatal(err)
+	}
+	deleteRecords(t, brokers, "out", 0, 7)
+	starts, err := k.StartOffsets(context.Background(), "out", []int{0})
+	if err != nil || starts[0] != 7 {
+		t.Fatalf("start offsets = %v, %v; want 7", starts, err)
+	}
+	_, _, err = k.Fetch(context.Background(), "out", 0, 3, 10*time.Millisecond)
+	if !errors.Is(err, kafka.OffsetOutOfRange) {
+		t.Errorf("fetch below the log start: %v, want OffsetOutOfRange", err)
+	}
+}
+
+// deleteRecords moves the log start of topic/partition to offset, as
+// retention or an operator's DeleteRecords does (kafka-go has no call for
+// it).
+func deleteRecords(t *testing.T, brokers, topic string, partition int32, offset int64) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrDeleteRecordsRequest()
+	rt := kmsg.NewDeleteRecordsRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewDeleteRecordsRequestTopicPartition()
+	rp.Partition, rp.Offset = partition, offset
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	req.TimeoutMillis = 5000
+	res, err := req.RequestWith(context.Background(), cl)
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	for _, rt := range res.Topics {
+		for _, rp := range rt.Partitions {
+			if rp.ErrorCode != 0 {
+				t.Fatalf("delete records of %s/%d: error code %d", topic, rp.Partition, rp.ErrorCode)
+			}
+		}
+	}
+}
