@@ -388,21 +388,19 @@ pipelines:
 			if !at(when) {
 				return
 			}
-			q := r.IntN(partitions)
+			// The partition to hit: one whose results are being written
+			// right now (its end offset moves between two looks), so that
+			// the kill cuts writes in flight.
+			q, mid := writtenNow(ctx, client, outTopic, partitions, 30*time.Second)
+			if q < 0 {
+				q = r.IntN(partitions)
+			}
 			lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
 			leader, err := cluster.Leader(lctx, outTopic, q)
 			lcancel()
 			if err != nil {
 				fail("broker kill: leader of %s/%d: %v", outTopic, q, err)
 				continue
-			}
-			// Mid-stream: some member holds records in flight.
-			mid := false
-			for _, i := range fl.running() {
-				if n, ok := fl.inflight(i); ok && n > 0 {
-					mid = true
-					break
-				}
 			}
 			if err := cluster.Kill(leader); err != nil {
 				fail("broker kill: %v", err)
@@ -415,7 +413,7 @@ pipelines:
 				}
 				in.brokerNodes = append(in.brokerNodes, fmt.Sprintf("node %d (leader of out/%d)", leader, q))
 			})
-			event("SIGKILL broker node %d, leader of output partition %d (mid-batch %v)", leader, q, mid)
+			event("SIGKILL broker node %d, leader of output partition %d (results being written %v)", leader, q, mid)
 			time.Sleep(v.brokerDown)
 			if err := cluster.Start(leader); err != nil {
 				fail("broker restart: %v", err)
@@ -566,7 +564,7 @@ pipelines:
 		{"SIGKILL of a member", inj.kills, inj.killsMid},
 		{"graceful leave", inj.leaves, inj.leavesMid},
 		{"SIGSTOP of a member", inj.zombies, inj.zombieMid},
-		{"SIGKILL of a broker", inj.brokerKills, inj.brokerMid},
+		{"SIGKILL of a broker", inj.brokerKills, inj.brokerMid}, // mid: while results were written
 	} {
 		if c.mid == 0 {
 			t.Errorf("INJECTION: no %s landed mid-batch (%d injected): the run does not prove what it claims", c.what, c.done)
@@ -621,7 +619,7 @@ pipelines:
 
 	inj.mu.Lock()
 	injectedLine := fmt.Sprintf("injected: member SIGKILLs %d (mid-batch %d); graceful joins %d, leaves %d (mid-batch %d, longest exit %v, longest join %v); "+
-		"zombie SIGSTOPs %d of %v (mid-batch %d); broker SIGKILLs %d (mid-batch %d: %s); redis pauses %d; rolling restart of %d members (longest stall %v)",
+		"zombie SIGSTOPs %d of %v (mid-batch %d); broker SIGKILLs %d (during result writes %d: %s); redis pauses %d; rolling restart of %d members (longest stall %v)",
 		inj.kills, inj.killsMid, inj.joins, inj.leaves, inj.leavesMid, inj.longestLeave.Round(time.Millisecond), inj.longestJoin.Round(time.Millisecond),
 		inj.zombies, zombiePause, inj.zombieMid, inj.brokerKills, inj.brokerMid, strings.Join(inj.brokerNodes, ", "), inj.redisPauses,
 		inj.rolling, inj.rollingStall.length().Round(100*time.Millisecond))
@@ -649,7 +647,41 @@ pipelines:
 // made the instances do.
 var logMarkers = []string{
 	"rebalance: generation joined", "paused: decide", "paused: complete", "paused: write", "paused: scan", "paused: fetch",
-	"batch dropped without commit", "fenced", "offset commit failed", "committed offset out of range", "level=ERROR", "panic",
+	"outcome unknown", "batch abandoned", "revoked:", "batch dropped without commit", "fenced", "offset commit failed",
+	"committed offset out of range", "level=ERROR", "panic",
+}
+
+// writtenNow polls the end offsets of topic until one partition's end
+// moves between two looks (records are being appended to it now) and
+// returns it, or -1 and false after timeout.
+func writtenNow(ctx context.Context, client *kafka.Client, topic string, partitions int, timeout time.Duration) (int, bool) {
+	deadline := time.Now().Add(timeout)
+	var prev map[int]int64
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		var reqs []kafka.OffsetRequest
+		for p := range partitions {
+			reqs = append(reqs, kafka.LastOffsetOf(p))
+		}
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		lo, err := client.ListOffsets(qctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+		cancel()
+		if err == nil {
+			cur := map[int]int64{}
+			for _, po := range lo.Topics[topic] {
+				if po.Error == nil {
+					cur[po.Partition] = po.LastOffset
+				}
+			}
+			for p, end := range cur {
+				if old, ok := prev[p]; ok && end > old {
+					return p, true
+				}
+			}
+			prev = cur
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return -1, false
 }
 
 // inspectKeys logs the stored state and the log lines of a few keys the

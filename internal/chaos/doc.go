@@ -36,13 +36,15 @@
 //   - SIGKILLs members (restarted about a second later), freezes a member
 //     with SIGSTOP for longer than its lease and lets it continue (a
 //     zombie whose keys were taken over meanwhile), SIGKILLs the broker
-//     that leads an output partition (acks=all with two replicas in sync,
-//     so writes of unknown outcome are real, not simulated) and starts it
-//     again after a few seconds, and freezes Redis for 3s once. Before
-//     each kill, freeze and leave it waits (up to 5s) for the target to
-//     hold records in flight (idemstream_inflight_records > 0), and counts
-//     the fault as mid-batch when it did; a fault type that never landed
-//     mid-batch fails the test;
+//     that leads an output partition while results are being appended to
+//     it (its end offset moves between two looks; acks=all with two
+//     replicas in sync, so writes of unknown outcome are real, not
+//     simulated) and starts it again after a few seconds, and freezes
+//     Redis for 3s once. Before each member kill, freeze and leave it
+//     waits (up to 5s) for the target to hold records in flight
+//     (idemstream_inflight_records > 0), and counts the fault as mid-batch
+//     when it did; a fault type that never landed mid-batch (for a broker:
+//     during result writes) fails the test;
 //   - once the faults are over, requires the group to commit everything
 //     produced until then within what a crash can explain (lease + settle
 //     wait + session timeout + 30s);
