@@ -34,7 +34,7 @@ load:
 bench-redis:
 	./internal/testenv/scripts/bench-redis.sh
 
-# The full chaos run (50,000 keys on a private three-node Kafka cluster,
+# The full chaos run (a backlog of 30,000 keys on a private three-node Kafka cluster,
 # default timings, 6 minutes of faults); the short variant runs in
 # `make test`. It starts its own cluster and redis-server.
 chaos:

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -24,8 +25,8 @@ import (
 type variant struct {
 	name        string
 	backlogKeys int           // keys produced before the group starts
-	streamKeys  int           // keys produced while it runs
-	stream      time.Duration // how long the streamed keys keep coming
+	streamKeys  int           // keys planned for the stream (it stops after the rolling restart)
+	stream      time.Duration // the span they are planned over
 	load        time.Duration // how long faults are injected; the rolling restart follows
 	kills       int           // SIGKILLs of members, spread over the load
 	zombies     int           // SIGSTOPs longer than the lease, spread over the load
@@ -40,11 +41,11 @@ type variant struct {
 }
 
 var (
-	ciVariant = variant{name: "ci", backlogKeys: 12000, streamKeys: 6000, stream: 3 * time.Minute, load: 130 * time.Second,
+	ciVariant = variant{name: "ci", backlogKeys: 12000, streamKeys: 19200, stream: 8 * time.Minute, load: 130 * time.Second,
 		kills: 3, zombies: 1, brokerKills: 1, brokerDown: 8 * time.Second,
 		stayMin: 3 * time.Second, stayMax: 6 * time.Second, awayMin: 2 * time.Second, awayMax: 4 * time.Second,
 		drain: 4 * time.Minute, produceMax: 90 * time.Second}
-	fullVariant = variant{name: "full", backlogKeys: 30000, streamKeys: 20000, stream: 7 * time.Minute, load: 6 * time.Minute,
+	fullVariant = variant{name: "full", backlogKeys: 30000, streamKeys: 28800, stream: 12 * time.Minute, load: 6 * time.Minute,
 		kills: 12, zombies: 2, brokerKills: 3, brokerDown: 10 * time.Second,
 		stayMin: 3 * time.Second, stayMax: 8 * time.Second, awayMin: 2 * time.Second, awayMax: 5 * time.Second,
 		drain: 8 * time.Minute, produceMax: 2 * time.Minute}
@@ -183,7 +184,7 @@ pipelines:
 
 	rng := rand.New(rand.NewPCG(seed, 1))
 	work := newWorkload(rng, v, partitions)
-	t.Logf("workload: %d keys, %d records planned, %d of them in the backlog (%v)", work.keys, len(work.records), work.backlog, work.byKind)
+	t.Logf("workload: %d keys, %d records planned, %d of them in the backlog (%v); the stream stops after the rolling restart", work.keys, len(work.records), work.backlog, work.byKind)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -267,10 +268,14 @@ pipelines:
 		return run[r.IntN(len(run))], true
 	}
 
-	// The stream: more keys while the group works through the backlog.
+	// The stream: more keys while the group works through the backlog,
+	// the faults and the rolling restart (about 40 keys a second); it
+	// stops after the rolling restart.
+	streamCtx, stopStream := context.WithCancel(ctx)
+	defer stopStream()
 	producerErr := make(chan error, 1)
 	go func() {
-		producerErr <- produce(ctx, work, work.backlog, len(work.records), backlogEnd, inTopic, producer, v.produceMax, stats)
+		producerErr <- produce(streamCtx, work, work.backlog, len(work.records), backlogEnd, inTopic, producer, v.produceMax, stats)
 	}()
 
 	// A fourth member joins and leaves gracefully (SIGTERM) all along: a
@@ -505,11 +510,15 @@ pipelines:
 			rollStall.partition, rollStall.from.Seconds(), rollStall.to.Seconds(), rollStall.length().Round(100*time.Millisecond), rollingStallMax)
 	}
 
+	stopStream()
 	var perr error
 	select {
 	case perr = <-producerErr:
-	case <-time.After(v.stream + v.produceMax):
-		perr = fmt.Errorf("the producer did not finish")
+		if errors.Is(perr, context.Canceled) && ctx.Err() == nil {
+			perr = nil // stopped on purpose
+		}
+	case <-time.After(v.produceMax):
+		perr = fmt.Errorf("the producer did not stop")
 	}
 	loadTook := time.Since(loadStart)
 	if perr != nil {

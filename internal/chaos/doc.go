@@ -29,7 +29,8 @@
 //     (another amount), and a few invalid records (malformed JSON, no key
 //     header); then starts three `idemstream run` members in one group
 //     over the six input partitions, and keeps streaming more keys of the
-//     same mix while they work;
+//     same mix (about 40 a second) while they work, until the rolling
+//     restart below is over;
 //   - a fourth member joins and leaves with SIGTERM every few seconds, all
 //     through the load (a rolling deploy, an autoscaler): each leave must
 //     end with exit status 0 within 30s;
@@ -81,16 +82,17 @@
 // retries until acknowledged, so an ambiguous produce may duplicate an
 // input record; that copy is a replay, counted from the input topic.
 //
-// Two variants. `go test ./...` (make test) runs the short one: 18,000
-// keys, faults for 130s (3 member kills, a zombie, a broker kill, a Redis
-// pause, a join and a leave every few seconds), then the rolling restart
-// and the drain; about 6-8 minutes on two cores. The full one is `make
+// Two variants. `go test ./...` (make test) runs the short one: a
+// backlog of 12,000 keys, faults for 130s (3 member kills, a zombie, a
+// broker kill, a Redis pause, a join and a leave every few seconds), then
+// the recovery, the rolling restart and the drain; about 5-7 minutes on
+// two loaded cores, about 25,000 keys in all. The full one is `make
 // chaos`:
 //
 //	IDEMSTREAM_REQUIRE_SERVERS=1 IDEMSTREAM_CHAOS=full go test -count=1 -race -run TestChaos -v -timeout 45m ./internal/chaos/
 //
-// (50,000 keys, faults for 6 minutes: 12 member kills, 2 zombies, 3
-// broker kills). Other knobs: IDEMSTREAM_CHAOS_SEED=N replays a run's
+// (a backlog of 30,000 keys, about 45,000 records, faults for 6 minutes:
+// 12 member kills, 2 zombies, 3 broker kills; 45,000-50,000 keys in all). Other knobs: IDEMSTREAM_CHAOS_SEED=N replays a run's
 // random choices (the seed is logged; the fault timing still depends on
 // the machine), and IDEMSTREAM_CHAOS_LOGS=DIR keeps the instance logs, the
 // config and a verification report in DIR instead of a temporary
