@@ -65,7 +65,15 @@ type results struct {
 	outs   []dedupe.Outcome
 	firsts []*firstCopy
 	byRec  map[int]*firstCopy
+	// leaseFrom is a local time no later than the store's start of the
+	// batch's leases (taken before the call that set them): every lease
+	// of the batch lasts at least until leaseFrom plus the lease.
+	leaseFrom time.Time
 }
+
+// WriteBudget is the longest one write of a batch's results may take (the
+// Kafka client's timeout): a lease must outlast it plus SettleWait.
+const WriteBudget = 10 * time.Second
 
 func (p *Pipeline) newResults(pz *pauser, holder string, recs []dedupe.Record) *results {
 	return &results{p: p, pz: pz, holder: holder, recs: recs, byRec: map[int]*firstCopy{}}
@@ -78,6 +86,7 @@ func (p *Pipeline) newResults(pz *pauser, holder string, recs []dedupe.Record) *
 func (r *results) decide(ctx context.Context) error {
 	p := r.p
 	for {
+		r.leaseFrom = time.Now()
 		nOut, floors, err := p.floors(ctx)
 		if err == nil {
 			var outs []dedupe.Outcome
@@ -153,9 +162,12 @@ func (fc *firstCopy) failed(reason dedupe.Reason, err error) {
 }
 
 // Step 4: write the results. Before every attempt the leases of the keys
-// about to be written are renewed, so that however long a recovery takes,
-// no successor can scan before this write is visible; a key lost meanwhile
-// fences the batch. A write that may have been appended is never repeated
+// about to be written must have SettleWait plus WriteBudget left, so that
+// however long a recovery takes, no successor can scan before this write
+// is visible: they are renewed when less may be left (a slow handler, a
+// long wait for a key held elsewhere, a retried write), and a key lost
+// meanwhile fences the batch. While more is left nobody can have taken a
+// key over, and the renewal, a store round trip per batch, is skipped. A write that may have been appended is never repeated
 // blindly: the partition waits SettleWait, scans, and writes only what is
 // missing. A result the broker refuses for good (too large) becomes a
 // dead letter; a refusal of the topic itself stops the pipeline.
@@ -167,8 +179,12 @@ func (r *results) write(ctx context.Context) error {
 		}
 	}
 	for len(todo) > 0 {
-		if err := r.renew(ctx, todo); err != nil {
-			return err
+		if time.Since(r.leaseFrom)+r.p.cfg.SettleWait+WriteBudget >= r.p.policy.Lease() {
+			from := time.Now()
+			if err := r.renew(ctx, todo); err != nil {
+				return err
+			}
+			r.leaseFrom = from
 		}
 		msgs := make([]sinks.Message, len(todo))
 		for j, fc := range todo {

@@ -344,3 +344,32 @@ func TestRulesChangeStillFindsRealConflicts(t *testing.T) {
 		t.Errorf("dead letters: %d, want the amount change (in/0/2) as a conflict", len(dlq))
 	}
 }
+
+// countingStore counts Decide calls.
+type countingStore struct {
+	dedupe.Store
+	decides atomic.Int32
+}
+
+func (s *countingStore) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedupe.Decision, error) {
+	s.decides.Add(1)
+	return s.Store.Decide(ctx, reqs)
+}
+
+// With the default lease (a minute) and a batch that takes milliseconds,
+// more than SettleWait plus a write is left when the results are written:
+// the batch costs one decide and one complete, no renewal.
+func TestLeaseIsRenewedOnlyWhenItMayRunShort(t *testing.T) {
+	r := newRig(t, 1)
+	pol := r.policy(dedupe.Strict)
+	pol.PendingTimeout = 30 * time.Second
+	counting := &countingStore{Store: r.store}
+	r.store = counting
+	r.produce(cmd{"k1", `{"a":1}`, 0}, cmd{"k2", `{"a":2}`, 0})
+	stop := r.start(r.config(pol, nil, nil, "test"))
+	defer stop()
+	waitFor(t, "two firsts", func() bool { return r.count("p", "first") == 2 })
+	if n := counting.decides.Load(); n != 1 {
+		t.Errorf("%d store decide calls for one batch, want 1 (no renewal needed)", n)
+	}
+}

@@ -83,7 +83,7 @@ func newLogger(e *env, format, level string) (*slog.Logger, error) {
 }
 
 // writeBudget is the time a produce may take (the client's timeout is 10s).
-const writeBudget = 10 * time.Second
+const writeBudget = consumer.WriteBudget
 
 // service is everything `run` owns, built in order and closed in reverse.
 type service struct {
