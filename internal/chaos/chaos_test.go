@@ -46,7 +46,7 @@ var (
 		stayMin: 3 * time.Second, stayMax: 6 * time.Second, awayMin: 2 * time.Second, awayMax: 4 * time.Second,
 		drain: 4 * time.Minute, produceMax: 90 * time.Second}
 	fullVariant = variant{name: "full", backlogKeys: 30000, streamKeys: 28800, stream: 12 * time.Minute, load: 6 * time.Minute,
-		kills: 12, zombies: 2, brokerKills: 3, brokerDown: 10 * time.Second,
+		kills: 8, zombies: 2, brokerKills: 3, brokerDown: 10 * time.Second,
 		stayMin: 3 * time.Second, stayMax: 8 * time.Second, awayMin: 2 * time.Second, awayMax: 5 * time.Second,
 		drain: 8 * time.Minute, produceMax: 2 * time.Minute}
 )
