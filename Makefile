@@ -1,5 +1,5 @@
 # The README's commands. `make test` is what CI runs.
-.PHONY: test demo build fuzz bench vet load bench-redis chaos
+.PHONY: test demo build fuzz bench vet load bench-redis bench-audit chaos
 
 test:
 	./internal/testenv/scripts/test.sh
@@ -34,8 +34,18 @@ load:
 bench-redis:
 	./internal/testenv/scripts/bench-redis.sh
 
-# The full chaos run (a backlog of 30,000 keys on a private three-node Kafka cluster,
-# default timings, 6 minutes of faults); the short variant runs in
-# `make test`. It starts its own cluster and redis-server.
+# `idemstream audit`: the passes in memory, memory per key, and a topic of
+# 1,000,000 records of about 1 KB on a real broker next to a plain kafka-go
+# read of it (AUDIT_RECORDS=2000000 make bench-audit for a longer run).
+AUDIT_RECORDS ?= 1000000
+bench-audit:
+	go test ./dedupe/audit -run '^$$' -bench 'Analyzer1K|Replayer1K' -benchmem -count 3 | tee bench-audit.txt
+	go test ./dedupe/audit -run '^$$' -bench 'MemoryPerKey' -benchtime 1x | tee -a bench-audit.txt
+	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start kafka && \
+	  IDEMSTREAM_LOAD_AUDIT=1 IDEMSTREAM_LOAD_AUDIT_RECORDS=$(AUDIT_RECORDS) go test ./dedupe/audit -run TestLoadAuditVsPlainRead -count=1 -v -timeout 30m | grep -E "load_test|ok|FAIL" | tee -a bench-audit.txt'
+
+# The full chaos run (a backlog of 30,000 keys on a private three-node
+# Kafka cluster, default timings, 6 minutes of faults); the short variant
+# runs in `make test`. It starts its own cluster and redis-server.
 chaos:
 	IDEMSTREAM_REQUIRE_SERVERS=1 IDEMSTREAM_CHAOS=full go test -count=1 -race -run TestChaos -v -timeout 45m ./internal/chaos/

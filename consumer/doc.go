@@ -14,8 +14,8 @@
 //  1. Floors: read the end offset of every output partition.
 //  2. Decide (results.decide): the store decides every record. For each
 //     first copy it keeps, atomically with the PENDING state, the owner
-//     token (instance, generation, input partition, and the record's own
-//     source) and the intent: the output partition of the result (murmur2
+//     token (instance, generation, the partition's run in this process,
+//     input partition, and the record's own source) and the intent: the output partition of the result (murmur2
 //     of the result key, as Java producers pick it; recorded once and never
 //     recomputed) and that partition's floor.
 //  3. Recover (results.recover): a resumed key (its own record delivered
@@ -26,8 +26,10 @@
 //     Found: the key completes with that result and nothing is written.
 //  4. Handle: the handler runs for the other first copies, in order.
 //  5. Write (results.write): before every attempt the leases of the keys
-//     about to be written are renewed (a key lost meanwhile fences the
-//     batch). Requests are split by bytes. A result the broker refuses for
+//     about to be written must outlast SettleWait plus WriteTimeout; when
+//     less may be left they are renewed (a renewal only extends a lease
+//     its owner still holds: a key lost meanwhile fences the batch), and
+//     the attempt must end by then. Requests are split by bytes. A result the broker refuses for
 //     its size becomes a dead letter (payload_too_large) and its key
 //     FAILED; a refusal of the topic itself (authorization, a missing
 //     topic) stops the pipeline. A write of unknown outcome is never
@@ -79,9 +81,12 @@
 // # Assumptions that remain, and the tests that cover them
 //
 //   - A write of unknown outcome settles within SettleWait (--settle-wait,
-//     30s by default): on a replicated topic, at least the brokers'
-//     replica.lag.time.max.ms. Only the partition concerned waits, and only
-//     after an ambiguous write. TestAmbiguousWriteIsNotRepeated; the chaos
+//     45s by default): at least 1.5 × the brokers' replica.lag.time.max.ms,
+//     the longest a leader may hold an appended record back while it drops
+//     a lagging follower from the ISR. Every produce error that a broker
+//     may return after appending (NOT_LEADER_OR_FOLLOWER during a leader
+//     move among them) counts as of unknown outcome. Only the partition
+//     concerned waits, and only after such a write. TestAmbiguousWriteIsNotRepeated; the chaos
 //     test kills the leader of an output partition of a three-broker
 //     cluster (internal/chaos).
 //   - The lease (twice pending_timeout) outlasts a write plus SettleWait:
@@ -107,6 +112,15 @@
 //     between steps 4 and 7: it must be idempotent, or its effect must be
 //     the result record itself (the default handler forwards the command).
 //     TestRevokedBatchReleasesItsKeys.
+//   - A scan matches a result by key and source topic from the entry's
+//     floor, which is read before the batch is decided. A key whose window
+//     ends while its record waits for another owner (up to pending_timeout)
+//     and is then decided new, with that older floor, could take the
+//     previous window's result for its own if its batch is then abandoned
+//     before it writes. The window edge, a wait and an abandon must meet.
+//   - Counting: a crash between steps 7 and 8 counts a record as first in
+//     the process that died and as a replay in the next; the topics, not
+//     the counters, are the record of what happened.
 //   - Dead letters and replies are written at least once: after an
 //     ambiguous write they may appear twice, with the same
 //     idemstream-source. Replays whose result is still PENDING elsewhere,

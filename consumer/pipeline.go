@@ -61,8 +61,12 @@ type Config struct {
 	MaxWait time.Duration
 	// SettleWait is how long a write whose outcome is unknown may take to
 	// become visible before the output partition is scanned for it
-	// (replica.lag.time.max.ms on a replicated topic; default 30s).
+	// (DefaultSettleWait).
 	SettleWait time.Duration
+	// WriteTimeout bounds one write of a batch's results (default
+	// WriteBudget, the Kafka client's timeout). The lease must outlast
+	// SettleWait plus WriteTimeout.
+	WriteTimeout time.Duration
 	// SessionTimeout of the group membership (default 10s).
 	SessionTimeout time.Duration
 	// DrainTimeout is how long a member whose partitions are revoked (a
@@ -72,6 +76,12 @@ type Config struct {
 	// rebalance timeout (SessionTimeout): default half of it.
 	DrainTimeout time.Duration
 }
+
+// DefaultSettleWait is 1.5 × Kafka's default replica.lag.time.max.ms
+// (30s): a record the leader appended becomes visible once every in-sync
+// follower has it or the leader drops the laggard from the ISR, which it
+// checks every half of replica.lag.time.max.ms.
+const DefaultSettleWait = 45 * time.Second
 
 // Pipeline consumes one input topic as one consumer group member.
 type Pipeline struct {
@@ -85,6 +95,7 @@ type Pipeline struct {
 	generation atomic.Int32
 
 	lastBurst atomic.Int64
+	runs      atomic.Int64 // partition runs started, for holder names
 	// stop ends Run with an error that retrying cannot cure.
 	stop context.CancelCauseFunc
 }
@@ -107,10 +118,16 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg.MaxWait = 250 * time.Millisecond
 	}
 	if cfg.SettleWait <= 0 {
-		cfg.SettleWait = 30 * time.Second
+		cfg.SettleWait = DefaultSettleWait
 	}
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = 10 * time.Second
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = WriteBudget
+	}
+	if lease := cfg.Decider.Policy().Lease(); lease < cfg.SettleWait+cfg.WriteTimeout {
+		return nil, fmt.Errorf("consumer: the lease (%v, twice pending_timeout) must outlast the settle wait (%v) plus a write (%v)", lease, cfg.SettleWait, cfg.WriteTimeout)
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = cfg.SessionTimeout / 2
@@ -279,7 +296,11 @@ func drainContext(gen context.Context, drain time.Duration) (context.Context, co
 // Once it ends, no new batch starts; the one in hand has DrainTimeout to
 // finish and commit.
 func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int32, partition int, offset int64) {
-	holder := p.cfg.Instance + "/g" + strconv.Itoa(int(genID)) + "/" + p.cfg.Input + "/" + strconv.Itoa(partition)
+	// A member that rejoins after a connection blip can get the same
+	// generation ID: the run number keeps its new run from passing for the
+	// old one, which may have a write of unknown outcome in flight.
+	holder := p.cfg.Instance + "/g" + strconv.Itoa(int(genID)) + "r" + strconv.FormatInt(p.runs.Add(1), 10) +
+		"/" + p.cfg.Input + "/" + strconv.Itoa(partition)
 	log := p.log.With("partition", partition)
 	ctx, cancel := drainContext(gen, p.cfg.DrainTimeout)
 	defer cancel()

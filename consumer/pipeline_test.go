@@ -71,7 +71,7 @@ func (r *rig) pipeline(pol dedupe.Policy, h consumer.Handler, replies string) *c
 	p, err := consumer.New(consumer.Config{
 		Name: pol.Pipeline, Input: "in", Output: "out", DLQ: "dlq", Replies: replies,
 		Group: "g-" + pol.Pipeline, Brokers: r.brokers, Decider: d, Store: store, Broker: r.io,
-		Handler: h, Metrics: r.metrics, Instance: "test", MaxWait: 50 * time.Millisecond, SettleWait: 50 * time.Millisecond,
+		Handler: h, Metrics: r.metrics, Instance: "test", MaxWait: 50 * time.Millisecond, SettleWait: 50 * time.Millisecond, WriteTimeout: 250 * time.Millisecond,
 	})
 	if err != nil {
 		r.t.Fatal(err)
@@ -310,7 +310,7 @@ func TestAmbiguousWriteIsNotRepeated(t *testing.T) {
 	d, _ := dedupe.NewDecider(pol, store)
 	flaky := &flakyBroker{Broker: r.io}
 	p, err := consumer.New(consumer.Config{Name: "p", Input: "in", Output: "out", DLQ: "dlq", Group: "g", Brokers: r.brokers,
-		Decider: d, Store: store, Broker: flaky, Metrics: r.metrics, MaxWait: 50 * time.Millisecond, SettleWait: 10 * time.Millisecond})
+		Decider: d, Store: store, Broker: flaky, Metrics: r.metrics, MaxWait: 50 * time.Millisecond, SettleWait: 10 * time.Millisecond, WriteTimeout: 250 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

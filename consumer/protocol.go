@@ -162,7 +162,7 @@ func (fc *firstCopy) failed(reason dedupe.Reason, err error) {
 }
 
 // Step 4: write the results. Before every attempt the leases of the keys
-// about to be written must have SettleWait plus WriteBudget left, so that
+// about to be written must have SettleWait plus WriteTimeout left, so that
 // however long a recovery takes, no successor can scan before this write
 // is visible: they are renewed when less may be left (a slow handler, a
 // long wait for a key held elsewhere, a retried write), and a key lost
@@ -179,7 +179,7 @@ func (r *results) write(ctx context.Context) error {
 		}
 	}
 	for len(todo) > 0 {
-		if time.Since(r.leaseFrom)+r.p.cfg.SettleWait+WriteBudget >= r.p.policy.Lease() {
+		if time.Since(r.leaseFrom)+r.p.cfg.SettleWait+r.p.cfg.WriteTimeout >= r.p.policy.Lease() {
 			from := time.Now()
 			if err := r.renew(ctx, todo); err != nil {
 				return err
@@ -190,7 +190,11 @@ func (r *results) write(ctx context.Context) error {
 		for j, fc := range todo {
 			msgs[j], fc.stage = fc.msg, stageSent
 		}
-		written, werr := r.p.cfg.Broker.Write(ctx, msgs)
+		// A write may be several requests: it must end while the leases
+		// still outlast SettleWait plus a scan, however slow the broker.
+		wctx, cancel := context.WithDeadline(ctx, r.leaseFrom.Add(r.p.policy.Lease()-r.p.cfg.SettleWait-r.p.cfg.WriteTimeout))
+		written, werr := r.p.cfg.Broker.Write(wctx, msgs)
+		cancel()
 		if werr == nil {
 			for j, fc := range todo {
 				fc.wrote(written[j])
@@ -303,7 +307,7 @@ func (r *results) completion(fc *firstCopy, st dedupe.State) dedupe.Completion {
 		Result: dedupe.ResultRef{Partition: -1, Offset: dedupe.NoPosition}}
 	switch st {
 	case dedupe.Success:
-		c.Result, c.KeepAtLeast = fc.result, r.p.policy.Lease()
+		c.Result, c.KeepAtLeast = fc.result, r.p.policy.Window
 	case dedupe.Failed:
 		c.FailedTTL = r.p.policy.FailedTTL
 	}

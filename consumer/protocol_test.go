@@ -32,7 +32,7 @@ func (r *rig) config(pol dedupe.Policy, h consumer.Handler, broker consumer.Brok
 	return consumer.Config{
 		Name: pol.Pipeline, Input: "in", Output: "out", DLQ: "dlq",
 		Group: "g-" + pol.Pipeline, Brokers: r.brokers, Decider: d, Store: store, Broker: broker,
-		Handler: h, Metrics: r.metrics, Instance: instance, MaxWait: 50 * time.Millisecond, SettleWait: 50 * time.Millisecond,
+		Handler: h, Metrics: r.metrics, Instance: instance, MaxWait: 50 * time.Millisecond, SettleWait: 50 * time.Millisecond, WriteTimeout: 250 * time.Millisecond,
 	}
 }
 

@@ -291,6 +291,7 @@ func (d *Decider) Renew(ctx context.Context, holder string, recs []*Record, outs
 			Lease:       d.policy.Lease(),
 			Owner:       Owner{Holder: holder, Source: rec.Source()},
 			Intent:      o.Decision.Entry.Intent,
+			RenewOnly:   true,
 		}
 		if d.policy.Clock == ClockEvent {
 			reqs[i].EventTime = rec.Time

@@ -109,6 +109,13 @@ type DecideRequest struct {
 	// Final asks for a decision even when another holder's lease is still
 	// running: the caller has waited pending_timeout already.
 	Final bool
+	// RenewOnly extends the lease of a PENDING entry that req.Owner holds,
+	// and changes nothing otherwise: the answer is VerdictFirst with
+	// Resumed when the owner still holds the key, VerdictPending when it
+	// does not (taken over, finished, gone). A renewal must never take a
+	// key over or create one: the caller is about to write without
+	// scanning.
+	RenewOnly bool
 }
 
 // Verdict is the store's answer for one record.
@@ -234,6 +241,18 @@ func Apply(cur *Entry, req DecideRequest, now time.Time) (Decision, *Entry) {
 	if !req.EventTime.IsZero() {
 		clock = req.EventTime
 	}
+	if req.RenewOnly {
+		if cur == nil || cur.State != Pending || cur.Owner != req.Owner || !now.Before(cur.RetainUntil()) {
+			d := Decision{Verdict: VerdictPending}
+			if cur != nil {
+				d.Entry = *cur
+			}
+			return d, nil
+		}
+		e := *cur
+		e.LeaseUntil = now.Add(req.Lease)
+		return Decision{Verdict: VerdictFirst, Resumed: true, Entry: e}, &e
+	}
 	if cur != nil && expired(cur, req, clock, now) {
 		cur = nil
 	}
@@ -337,7 +356,10 @@ func expired(cur *Entry, req DecideRequest, clock, now time.Time) bool {
 	if !now.Before(cur.ExpiresAt) {
 		return true
 	}
-	return !clock.Before(cur.WindowStart.Add(req.Window)) && cur.Owner.Source != req.Owner.Source
+	// The records that made a result are replays for as long as it is
+	// stored, even past the window.
+	own := cur.Owner.Source == req.Owner.Source || cur.FirstSource == req.Owner.Source
+	return !clock.Before(cur.WindowStart.Add(req.Window)) && !own
 }
 
 func replayOrConflict(sameRequest bool) Verdict {

@@ -120,6 +120,8 @@ func TestRefusedConfigsNameTheField(t *testing.T) {
 		{"bad topic", strings.Replace(minimal, "input: coupon.claim.commands", "input: 'coupon claim'", 1), "pipelines[0].input", "letters, digits"},
 		{"missing output", strings.Replace(minimal, "    output: coupon.claim.results\n", "", 1), "pipelines[0]", "output"},
 		{"duplicate names", minimal + strings.TrimPrefix(strings.Replace(minimal, "coupon.claim.", "other.", -1), "\npipelines:\n"), "pipelines[1].name", "already the name"},
+		{"shared output", minimal + "  - {name: other, input: other.commands, output: coupon.claim.results, dlq: other.dlq}\n", "pipelines[1].output", "already the output of pipelines[0]"},
+		{"output is another's dlq", minimal + "  - {name: other, input: other.commands, output: coupon.claim.dlq, dlq: other.dlq}\n", "pipelines[1].output", "dead-letter or replies topic of pipelines[0]"},
 		{"bad store", minimal + "store: {kind: etcd}\n", "store.kind", "redis"},
 		{"bad broker", minimal + "kafka: {brokers: [localhost]}\n", "kafka.brokers[0]", "host:port"},
 		{"bad redis url", minimal + "store: {redis: {url: 'http://x'}}\n", "store.redis.url", ""},

@@ -122,6 +122,11 @@ func (c *Config) validate() error {
 			return fieldErr(at("output"), "%q is already the output of pipelines[%d]: a recovery scan could take the other pipeline's result for its own; give each pipeline its own output topic", p.Output, j)
 		}
 		outputs[p.Output] = i
+		for j, q := range c.Pipelines {
+			if j != i && (q.DLQ == p.Output || (q.Replies != "" && q.Replies == p.Output)) {
+				return fieldErr(at("output"), "%q is also a dead-letter or replies topic of pipelines[%d]: a recovery scan could take those records for results; give each pipeline its own output topic", p.Output, j)
+			}
+		}
 		if p.DLQ == p.Output {
 			return fieldErr(at("dlq"), "%q is also the output topic: dead letters would pass for results", p.DLQ)
 		}

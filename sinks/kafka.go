@@ -229,17 +229,26 @@ func recordSize(m *Message) int {
 
 // classifyProduce is the one place that tells what a failed produce
 // means: refused for good (nothing appended, retrying cannot help),
-// refused for now (nothing appended), or of unknown outcome.
+// refused for now (nothing appended), or of unknown outcome. Only errors
+// a broker returns before it appends count as "nothing appended"; any
+// other, once the request was sent, may come after an append: a leader
+// that loses its leadership while an acks=all produce waits for its
+// followers answers NOT_LEADER_OR_FOLLOWER, and the new leader may hold
+// the records.
 func classifyProduce(topic string, partition, records int, err error) error {
 	var kerr kafka.Error
 	if errors.As(err, &kerr) {
-		switch {
-		case kerr == kafka.RequestTimedOut || kerr == kafka.NotEnoughReplicasAfterAppend:
-			return fmt.Errorf("produce to %s/%d: %w: %w: %w", topic, partition, dedupe.ErrBrokerUnavailable, ErrAmbiguous, err)
-		case kerr == kafka.MessageSizeTooLarge || kerr == kafka.RecordListTooLarge:
+		switch kerr {
+		case kafka.MessageSizeTooLarge, kafka.RecordListTooLarge:
 			return fmt.Errorf("produce of %d record(s) to %s/%d: %w: %w", records, topic, partition, dedupe.ErrPayloadTooLarge, err)
-		case kerr.Temporary():
+		case kafka.UnknownTopicOrPartition:
+			return fmt.Errorf("produce to %s/%d: %w: %w: %w", topic, partition, ErrUnknownTopic, dedupe.ErrBrokerUnavailable, err)
+		case kafka.NotEnoughReplicas, kafka.LeaderNotAvailable, kafka.InvalidMessage, kafka.ThrottlingQuotaExceeded:
+			// Checked before the append.
 			return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, dedupe.ErrBrokerUnavailable, err)
+		}
+		if kerr.Temporary() {
+			return fmt.Errorf("produce to %s/%d: %w: %w: %w", topic, partition, dedupe.ErrBrokerUnavailable, ErrAmbiguous, err)
 		}
 		return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, dedupe.ErrBrokerRefused, err)
 	}

@@ -62,6 +62,7 @@ func init() {
 		{"diff", "print the JSON Pointers where two payloads differ", cmdDiff},
 		{"contract", "render the client-facing idempotency contract", cmdContract},
 		{"inspect", "print the stored state of one key", cmdInspect},
+		{"audit", "read a command topic and show what \"the same request\" means in it", cmdAudit},
 		{"version", "print the version", cmdVersion},
 	}
 }

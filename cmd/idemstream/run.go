@@ -35,7 +35,7 @@ func cmdRun(ctx context.Context, e *env, args []string) (err error) {
 	cf := addConfigFlags(fs, true)
 	logFormat := fs.String("log-format", "json", "json or text")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	settle := fs.Duration("settle-wait", 30*time.Second, "how long a write of unknown outcome may take to become visible (replica.lag.time.max.ms)")
+	settle := fs.Duration("settle-wait", consumer.DefaultSettleWait, "how long a write of unknown outcome may take to become visible (at least 1.5 × the brokers' replica.lag.time.max.ms)")
 	drain := fs.Duration("drain-timeout", 5*time.Second, "how long a revoked partition (rebalance, SIGTERM) goes on with the batch in hand before it releases its keys; below the 10s session timeout")
 	sink := fs.String("sink", "kafka", "kafka, or stdout to print results, dead letters and replies as JSON lines instead (debugging)")
 	if err := parseFlags(fs, args); err != nil {

@@ -7,7 +7,7 @@
 -- ARGV     5 values shared by the batch: semantics, window ms, lease ms,
 --          holder, rules digest; then 7 per record: key, fingerprint,
 --          source, intent partition, intent floor, event time ms ("" for
---          the store clock), final ("1" or "0")
+--          the store clock), final ("1", "0", or "r" for a renewal)
 -- returns  {now ms, then per record: verdict, flags, entry} where flags is
 --          a string of four digits: resumed, rerun, mismatch, rules changed,
 --          and entry is "" for a new entry (the caller rebuilds it)
@@ -18,6 +18,17 @@ local lu, nex = tostring(now + lease), tostring(now + window)
 local function decide(name, key, fp, source, ip, ifl, event, final)
   local clock = now
   if event ~= '' then clock = tonumber(event) end
+
+  -- final 'r': a renewal (dedupe.DecideRequest.RenewOnly) extends only the
+  -- lease its owner holds, and changes nothing else.
+  if final == 'r' then
+    local e, raw = load(name)
+    if e and e.k == key and e.s == 'PENDING' and e.oh == holder and e.os == source and now < retain_until(e) then
+      e.lu = lu
+      return 'first', '1000', save(name, e)
+    end
+    return 'pending', '0000', raw or ''
+  end
 
   -- Most records carry a new key: one SET NX decides them.
   local fresh = table.concat({'PENDING', fp, rd, holder, source, source, ip, ifl, '-1', '-1',
@@ -36,7 +47,7 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
     -- SUCCESS until its window ends, except for its own record.
     if now >= retain_until(e) then
       e = nil
-    elseif e.s == 'SUCCESS' and clock >= tonumber(e.ws) + window and e.os ~= source then
+    elseif e.s == 'SUCCESS' and clock >= tonumber(e.ws) + window and e.os ~= source and e.fs ~= source then
       e = nil
     end
   end

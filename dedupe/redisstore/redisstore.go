@@ -86,7 +86,8 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		}
 		names[i] = s.RedisKey(r.Namespace, r.Key)
 	}
-	if len(reqs) < fastPathMin {
+	// A renewal must not create an entry: no SET NX for it.
+	if len(reqs) < fastPathMin || reqs[0].RenewOnly {
 		all := make([]int, len(reqs))
 		for i := range all {
 			all[i] = i
@@ -172,7 +173,10 @@ func (s *Store) decideScripted(ctx context.Context, reqs []dedupe.DecideRequest,
 			event = strconv.FormatInt(r.EventTime.UnixMilli(), 10)
 		}
 		final := "0"
-		if r.Final {
+		switch {
+		case r.RenewOnly:
+			final = "r"
+		case r.Final:
 			final = "1"
 		}
 		slowNames[j] = names[i]

@@ -442,3 +442,91 @@ func TestTLSServer(t *testing.T) {
 		t.Errorf("a client without the CA: %v, want ErrStoreUnavailable", err)
 	}
 }
+
+// serverCPU is the CPU time the Redis server has used (user + system).
+func serverCPU(b *testing.B, c redis.UniversalClient) time.Duration {
+	b.Helper()
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// BenchmarkServerCPUPerRecord is the Redis server's CPU per decided record
+// on the consumer's path: a batch of 500 records (70% new keys, 30% copies
+// of keys completed in the previous batch) decided, then its first copies
+// completed. Redis is single-threaded: its CPU per record bounds the
+// decisions one server can make.
+func BenchmarkServerCPUPerRecord(b *testing.B) {
+	addr := testenv.RedisAddr(b)
+	c, err := redisstore.NewClient(redisstore.Options{URL: "redis://" + addr + "/0", Timeout: 10 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	s := redisstore.New(c, freshPrefix())
+	ctx := context.Background()
+	const batch, fresh = 500, 350
+	holder := "host-7f9c-4411-1a2b3c4d/g12/coupon.claim.commands/3"
+	var prev []string
+	seq := 0
+	var cpu, decideCPU, completeCPU time.Duration
+	completions := 0
+	b.ResetTimer()
+	for range b.N {
+		reqs := make([]dedupe.DecideRequest, 0, batch)
+		var keys []string
+		for len(reqs) < batch {
+			var key string
+			if len(reqs) < fresh || len(prev) == 0 {
+				seq++
+				key = "9f8a2c1d-3e4f-4a5b-8c6d-" + strconv.Itoa(100000000000+seq)
+				keys = append(keys, key)
+			} else {
+				key = prev[len(reqs)%len(prev)]
+			}
+			r := decideReq(key, holder)
+			r.Fingerprint, r.RulesDigest = benchFingerprint, benchDigest
+			r.Owner.Source = "coupon.claim.commands/3/" + strconv.Itoa(seq*batch+len(reqs))
+			r.Intent = dedupe.Intent{Partition: 2, Floor: int64(seq)}
+			reqs = append(reqs, r)
+		}
+		before := serverCPU(b, c)
+		decs, err := s.Decide(ctx, reqs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		mid := serverCPU(b, c)
+		decideCPU += mid - before
+		var comps []dedupe.Completion
+		for i, d := range decs {
+			if d.Verdict == dedupe.VerdictFirst {
+				comps = append(comps, dedupe.Completion{Namespace: "p", Key: reqs[i].Key, Owner: reqs[i].Owner,
+					State: dedupe.Success, Result: dedupe.ResultRef{Partition: 2, Offset: int64(i)}})
+			}
+		}
+		if _, err := s.Complete(ctx, comps); err != nil {
+			b.Fatal(err)
+		}
+		after := serverCPU(b, c)
+		cpu += after - before
+		completeCPU += after - mid
+		completions += len(comps)
+		prev = keys
+	}
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*batch), "server-µs/record")
+	b.ReportMetric(float64(decideCPU.Microseconds())/float64(b.N*batch), "decide-µs/record")
+	b.ReportMetric(float64(completeCPU.Microseconds())/float64(max(completions, 1)), "complete-µs/first")
+}

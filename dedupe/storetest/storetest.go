@@ -420,6 +420,33 @@ var cases = []testCase{
 			t.Errorf("PENDING past its window = %+v, want Resumed with the old intent (a result may exist)", dec)
 		}
 	}},
+	{"RenewalNeverTakesOverNorCreates", func(t *testing.T, h Harness, d *driver) {
+		renew := func(r dedupe.DecideRequest) dedupe.DecideRequest { r.RenewOnly = true; return r }
+		a := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(a, dedupe.VerdictFirst)
+		if dec := d.one(renew(a), dedupe.VerdictFirst); !dec.Resumed {
+			t.Errorf("owner's renewal = %+v, want Resumed", dec)
+		}
+		h.Advance(lease + slack)
+		b := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		d.one(b, dedupe.VerdictFirst)
+		// The old owner wakes up and renews: lost, and the entry stays B's.
+		d.one(renew(a), dedupe.VerdictPending)
+		if e, _ := d.lookup("k"); e.Owner != b.Owner {
+			t.Errorf("a stale renewal changed the owner: %+v", e)
+		}
+		d.one(renew(req("absent", "sha256:a", dedupe.Strict, holderA, "commands/0/11")), dedupe.VerdictPending)
+		if _, ok := d.lookup("absent"); ok {
+			t.Error("a renewal created an entry")
+		}
+		f := req("f", "sha256:a", dedupe.Strict, holderA, "commands/0/12")
+		d.one(f, dedupe.VerdictFirst)
+		d.mustComplete(complete(f, dedupe.Failed, dedupe.NoPosition))
+		d.one(renew(f), dedupe.VerdictPending)
+		if e, _ := d.lookup("f"); e.State != dedupe.Failed {
+			t.Errorf("a renewal changed a FAILED entry: %+v", e)
+		}
+	}},
 	{"ExpiredLeaseWithOtherBodyIsConflict", func(t *testing.T, h Harness, d *driver) {
 		d.one(req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)
 		h.Advance(lease + slack)

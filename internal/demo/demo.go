@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemstream/idemstream/consumer"
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/dedupe/audit"
 	"github.com/idemstream/idemstream/dedupe/memstore"
 	"github.com/idemstream/idemstream/schemas"
 	"github.com/idemstream/idemstream/sinks"
@@ -45,7 +46,20 @@ type Figures struct {
 	Naive        Pipeline       `json:"naive"`
 	Idemstream   Pipeline       `json:"idemstream"`
 	DeadLetters  []DeadLetter   `json:"example_dead_letters"`
+	Audit        AuditFindings  `json:"audit"`
 	ElapsedMilli int64          `json:"elapsed_ms"`
+}
+
+// AuditFindings is what `idemstream audit` finds in the command topic
+// after the replay, told only where the key is: the rules the
+// idemstream pipeline was given, found from the data.
+type AuditFindings struct {
+	Topic        string          `json:"topic"`
+	Volatile     []string        `json:"volatile"`
+	Unordered    []string        `json:"unordered"`
+	ConflictKeys int64           `json:"conflict_keys"`
+	Conflicts    []string        `json:"conflict_pointers"`
+	Decisions    audit.Decisions `json:"decisions"`
 }
 
 // Pipeline is one pipeline's outcome and the damage its handler did.
@@ -267,8 +281,30 @@ func Run(ctx context.Context, opts Options) (*Figures, error) {
 	if f.DeadLetters, err = examples(ctx, io, cfg.Pipelines[1].DLQ); err != nil {
 		return nil, err
 	}
+	if f.Audit, err = auditTopic(ctx, client, cfg, cfg.Pipelines[1]); err != nil {
+		return nil, err
+	}
 	f.ElapsedMilli = time.Since(started).Milliseconds()
 	return f, nil
+}
+
+// auditTopic audits the command topic with the key rules of p and no
+// other rule, as `idemstream audit --topic ... --key header:Idempotency-Key`.
+func auditTopic(ctx context.Context, client *kafka.Client, cfg *schemas.Config, p schemas.Pipeline) (AuditFindings, error) {
+	pol, err := cfg.Policy(p)
+	if err != nil {
+		return AuditFindings{}, err
+	}
+	rep, err := audit.Run(ctx, &audit.KafkaTopic{Client: client, Topic: p.Input}, audit.Options{Policy: pol})
+	if err != nil {
+		return AuditFindings{}, fmt.Errorf("audit %s: %w", p.Input, err)
+	}
+	a := AuditFindings{Topic: p.Input, Volatile: rep.Suggested.Volatile, Unordered: rep.Suggested.Unordered,
+		ConflictKeys: rep.Conflicts.Keys, Conflicts: []string{}, Decisions: rep.Decisions}
+	for _, c := range rep.Conflicts.Pointers {
+		a.Conflicts = append(a.Conflicts, c.Pointer)
+	}
+	return a, nil
 }
 
 func send(ctx context.Context, io *sinks.Kafka, topic string, cmds []Command) error {
@@ -358,5 +394,10 @@ func (f *Figures) Print(w io.Writer) {
 			fmt.Fprintf(w, "    differs at: %s\n", d.ConflictPaths)
 		}
 	}
+	a := f.Audit
+	fmt.Fprintf(w, "\nidemstream audit of %s, told only where the key is, finds volatile %s and unordered %s; %d keys reused with another body (at %s).\n",
+		a.Topic, strings.Join(a.Volatile, ", "), strings.Join(a.Unordered, ", "), a.ConflictKeys, strings.Join(a.Conflicts, ", "))
+	fmt.Fprintf(w, "  Under those rules: %d first, %d replays, %d conflicts, %d invalid.\n",
+		a.Decisions.Idemstream.First, a.Decisions.Idemstream.Replay, a.Decisions.Idemstream.Conflict, a.Decisions.Idemstream.Invalid)
 	fmt.Fprintf(w, "\nFinished in %.1fs.\n", float64(f.ElapsedMilli)/1000)
 }

@@ -2,6 +2,7 @@ package demo_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -46,6 +47,20 @@ func TestDemoFigures(t *testing.T) {
 		if sum := side.Results + side.Replays + side.Conflicts + side.Invalid + side.Failed; sum != f.Commands {
 			t.Errorf("outcomes add up to %d, want %d: %+v", sum, f.Commands, side)
 		}
+	}
+	// The audit of the command topic finds the pipeline's rules by itself
+	// and, under them, decides as the pipeline did.
+	a := f.Audit
+	vol := slices.Sorted(slices.Values(a.Volatile))
+	if !slices.Equal(vol, []string{"/client_time", "/retry_count", "/trace_id"}) || !slices.Equal(a.Unordered, []string{"/items"}) {
+		t.Errorf("audit found volatile %v and unordered %v, want /client_time /retry_count /trace_id and /items", a.Volatile, a.Unordered)
+	}
+	if a.ConflictKeys != int64(gen.Conflicts) || !slices.Equal(a.Conflicts, []string{"/amount"}) {
+		t.Errorf("audit found %d conflicting keys at %v, want %d at /amount", a.ConflictKeys, a.Conflicts, gen.Conflicts)
+	}
+	d := a.Decisions.Idemstream
+	if int(d.First) != idem.Results || int(d.Replay) != idem.Replays || int(d.Conflict) != idem.Conflicts || int(d.Invalid) != idem.Invalid {
+		t.Errorf("audit decided %+v, the pipeline %+v", d, idem)
 	}
 	if len(f.DeadLetters) == 0 || f.DeadLetters[0].Reason != "conflict" || f.DeadLetters[0].ConflictPaths != "/amount" {
 		t.Errorf("example dead letters: %+v", f.DeadLetters)
