@@ -6,8 +6,9 @@
 // KRaft cluster ([StartKafkaCluster], scripts/kafka-cluster.sh:
 // replication factor 3, min.insync.replicas=2) whose nodes a test can
 // stop, kill and start. The cluster takes 15-50 s to start on two loaded
-// cores and about 1.4 GB of memory, so only the chaos test and the
-// cluster's own test use it; the fast tests keep the single broker.
+// cores and about 1 GB of memory (3 × 300-350 MB resident under the chaos
+// test), so only the chaos test and the cluster's own test use it; the
+// fast tests keep the single broker.
 //
 // When a server can be neither found nor started, tests skip with the
 // reason, unless IDEMSTREAM_REQUIRE_SERVERS=1 (set by scripts/test.sh and
