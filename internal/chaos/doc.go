@@ -55,6 +55,9 @@
 //     committed offset moving) for more than 15s during this graceful
 //     rolling restart; at no time may a partition stall for longer than
 //     a crash can explain (lease + settle wait + session timeout + 30s);
+//   - a member that exits by itself fails the test (CRASH, with its exit
+//     status) and is started again a second later, as a supervisor would,
+//     so that the run goes on proving what it can;
 //   - waits until the group's committed offsets reach the end of every
 //     input partition, stops the members with SIGTERM (each must exit 0);
 //   - reads the input, output and DLQ topics in full and checks: every key

@@ -118,7 +118,8 @@ func (f *fleet) start(s *slot) {
 	f.starts++
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		f.t.Fatalf("instance %d log: %v", s.id, err)
+		f.t.Errorf("instance %d log: %v", s.id, err) // not Fatalf: called from the fault goroutines too
+		return
 	}
 	defer logf.Close() // the child keeps its own descriptor
 	fmt.Fprintf(logf, "==== chaos: start %d of instance %d at %s\n", s.starts, s.id, time.Now().Format(time.RFC3339Nano))
@@ -130,7 +131,8 @@ func (f *fleet) start(s *slot) {
 	// Should this test process die, its instances die with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		f.t.Fatalf("start instance %d: %v", s.id, err)
+		f.t.Errorf("start instance %d: %v", s.id, err)
+		return
 	}
 	p := &proc{cmd: cmd, done: make(chan struct{})}
 	s.cur = p
@@ -143,6 +145,14 @@ func (f *fleet) start(s *slot) {
 		}
 		f.mu.Unlock()
 		close(p.done)
+		if unexpected && !s.optional {
+			// As a supervisor would (systemd, Kubernetes): the crash is
+			// reported, and the member comes back, so that the run goes on
+			// proving what it can.
+			appendLog(s.logPath, fmt.Sprintf("==== chaos: instance %d (pid %d) exited by itself (%v); restarting it\n", s.id, cmd.Process.Pid, p.err))
+			time.Sleep(restartAfter)
+			f.restart(s.id)
+		}
 	}()
 }
 
@@ -276,7 +286,12 @@ func (f *fleet) running() []int {
 	defer f.mu.Unlock()
 	var out []int
 	for i, s := range f.slots {
-		if !s.optional && s.cur != nil && !s.paused {
+		if s.optional || s.cur == nil || s.paused {
+			continue
+		}
+		select {
+		case <-s.cur.done:
+		default:
 			out = append(out, i)
 		}
 	}
