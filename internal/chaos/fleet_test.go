@@ -228,6 +228,13 @@ func (f *fleet) term(i int, timeout time.Duration) (time.Duration, string) {
 		f.mu.Unlock()
 		return 0, ""
 	}
+	select {
+	case <-p.done:
+		// It exited by itself before the signal: a crash, reported as such.
+		f.mu.Unlock()
+		return 0, ""
+	default:
+	}
 	p.killed = true
 	began := time.Now()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
