@@ -1,5 +1,5 @@
 # The README's commands. `make test` is what CI runs.
-.PHONY: test demo build fuzz bench vet load bench-redis bench-audit chaos
+.PHONY: test demo build fuzz bench vet load latency bench-redis bench-audit chaos
 
 test:
 	./internal/testenv/scripts/test.sh
@@ -23,12 +23,30 @@ fuzz:
 bench:
 	go test ./dedupe -run '^$$' -bench 'Fingerprint|JCS' -benchmem -count 6 | tee bench.txt
 
-# Throughput of the strict pipeline against a bare kafka-go loop, on real
-# servers (LOAD_RECORDS=200000 make load for a longer run).
-LOAD_RECORDS ?= 50000
+# Throughput of `idemstream run` against the strongest kafka-go passthrough
+# (internal/load/passthrough) over one backlog on the same real broker and
+# Redis, each from process start to lag 0; prints both rates, the ratio,
+# Redis CPU per record and peak RSS (LOAD_RECORDS=20000 make load for a
+# quick run; LOAD_REDIS_AOF=1 for a Redis with appendfsync always;
+# LOAD_PASSTHROUGH_ARGS='--overlap-commit' to try the passthrough's flags).
+LOAD_RECORDS ?= 325000
+LOAD_REDIS_AOF ?=
+LOAD_PASSTHROUGH_ARGS ?=
 load:
 	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start && \
-	  IDEMSTREAM_LOAD=1 IDEMSTREAM_LOAD_RECORDS=$(LOAD_RECORDS) go test ./consumer -run TestLoadStrictPipelineVsBareLoop -count=1 -v -timeout 30m | grep -E "load_test|ok|FAIL"'
+	  IDEMSTREAM_LOAD=1 IDEMSTREAM_LOAD_RECORDS=$(LOAD_RECORDS) IDEMSTREAM_LOAD_REDIS_AOF=$(LOAD_REDIS_AOF) \
+	  IDEMSTREAM_LOAD_PASSTHROUGH_ARGS="$(LOAD_PASSTHROUGH_ARGS)" \
+	  go test ./internal/load -run TestThroughput -count=1 -v -timeout 40m'
+
+# Latency added at a fixed rate (half the passthrough's maximum on a
+# backlog measured first, or LATENCY_RATE records/s) for LATENCY_DURATION:
+# p50 and p99 from record time to result seen, passthrough and idemstream.
+LATENCY_RATE ?=
+LATENCY_DURATION ?= 30s
+latency:
+	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start && \
+	  IDEMSTREAM_LATENCY=1 IDEMSTREAM_LATENCY_RATE=$(LATENCY_RATE) IDEMSTREAM_LATENCY_DURATION=$(LATENCY_DURATION) \
+	  go test ./internal/load -run TestLatency -count=1 -v -timeout 40m'
 
 # Redis decisions per second next to redis-benchmark's pipelined SET.
 bench-redis:

@@ -32,14 +32,14 @@ type replyWork struct {
 // nothing may be committed: the context ended, a newer owner fenced this
 // one, or something refused for good (see Classify); the keys the batch
 // held are then abandoned as protocol.go says.
-func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, batch []sinks.Fetched, fetched time.Time) (err error) {
+func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, batch []sinks.Fetched, fetched time.Time, fl *floors) (err error) {
 	m := p.cfg.Metrics
 	recs := make([]dedupe.Record, len(batch))
 	for i, f := range batch {
 		recs[i] = dedupe.Record{Topic: p.cfg.Input, Partition: f.Partition, Offset: f.Offset,
 			Key: f.Key, Value: f.Value, Headers: f.Headers, Time: f.Time}
 	}
-	r := p.newResults(pz, holder, recs)
+	r := p.newResults(pz, holder, recs, fl)
 	defer func() {
 		if err != nil {
 			released, completed, leased := r.abandon()

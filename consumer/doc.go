@@ -95,6 +95,10 @@
 //     frozen VM) is the known limit of any lease: owner tokens keep the
 //     state right, and the scan finds every write that became visible
 //     before it. The chaos test freezes a member for longer than its lease.
+//   - Leases run on the store's clock, the owner measures them on its own
+//     monotonic clock from before the call that set them: a step of the
+//     store's clock (an NTP correction, a failover to a replica whose clock
+//     is ahead) shortens every lease by the step, like a pause.
 //   - Redis keeps every acknowledged write (appendonly yes, appendfsync
 //     always, or acknowledgement by replicas). A store that forgets an entry
 //     forgets that the key was seen. redisstore's durability tests.
@@ -113,8 +117,9 @@
 //     the result record itself (the default handler forwards the command).
 //     TestRevokedBatchReleasesItsKeys.
 //   - A scan matches a result by key and source topic from the entry's
-//     floor, which is read before the batch is decided. A key whose window
-//     ends while its record waits for another owner (up to pending_timeout)
+//     floor, which is read before the batch is decided (shared by the
+//     batches of a fetch for at most two seconds). A key whose window ends
+//     while its record waits for another owner (up to pending_timeout)
 //     and is then decided new, with that older floor, could take the
 //     previous window's result for its own if its batch is then abandoned
 //     before it writes. The window edge, a wait and an abandon must meet.

@@ -30,6 +30,11 @@ type Metrics struct {
 	// were durable (revoked past the drain time, fenced, a store or broker
 	// refusal): their records are read again.
 	BatchesAbandoned *prometheus.CounterVec
+
+	// StoreReplicaAckFailures counts store calls whose writes too few
+	// replicas acknowledged in time (store.redis.min_replicas); each is
+	// also a store error.
+	StoreReplicaAckFailures *prometheus.CounterVec
 }
 
 // NewMetrics creates the series and registers them on reg.
@@ -50,6 +55,8 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 			Help: "Store calls, per operation.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"op"}),
 		StoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_errors_total",
 			Help: "Store calls that failed, per operation."}, []string{"op"}),
+		StoreReplicaAckFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_replica_ack_failures_total",
+			Help: "Store calls whose writes fewer than store.redis.min_replicas replicas acknowledged in time (also counted as store errors)."}, []string{"op"}),
 		Rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "rebalances_total",
 			Help: "Consumer group generations joined."}, []string{"pipeline"}),
 		Inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_records",
@@ -64,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 			Help: "Batches that ended before their outcomes were durable; their records are read again."}, []string{"pipeline"}),
 	}
 	for _, c := range []prometheus.Collector{m.Records, m.DLQRecords, m.LenientMismatch, m.Lag, m.DecisionSeconds,
-		m.StoreSeconds, m.StoreErrors, m.Rebalances, m.Inflight, m.BuildInfo, m.RepliesSkipped, m.ScanFloorTruncated, m.BatchesAbandoned} {
+		m.StoreSeconds, m.StoreErrors, m.StoreReplicaAckFailures, m.Rebalances, m.Inflight, m.BuildInfo, m.RepliesSkipped, m.ScanFloorTruncated, m.BatchesAbandoned} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -92,5 +99,8 @@ func (m *Metrics) initPipeline(name string, reasons []string) {
 	m.BatchesAbandoned.WithLabelValues(name)
 	for _, op := range []string{"decide", "complete", "lookup"} {
 		m.StoreErrors.WithLabelValues(op)
+	}
+	for _, op := range []string{"decide", "complete"} {
+		m.StoreReplicaAckFailures.WithLabelValues(op)
 	}
 }

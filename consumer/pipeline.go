@@ -292,6 +292,54 @@ func drainContext(gen context.Context, drain time.Duration) (context.Context, co
 	}
 }
 
+// prefetcher reads a partition one fetch ahead of the batches being
+// decided, so that the broker's round trip overlaps the store's and the
+// handler's work. Order is untouched: records are decided and committed in
+// offset order, and a fetch from another offset than the one needed next
+// is thrown away.
+type prefetcher struct {
+	p         *Pipeline
+	gen       context.Context
+	partition int
+	next      chan fetched
+	from      int64
+}
+
+type fetched struct {
+	recs []sinks.Fetched
+	hw   int64
+	err  error
+}
+
+func (f *prefetcher) start(from int64) {
+	ch := make(chan fetched, 1)
+	f.next, f.from = ch, from
+	go func() {
+		recs, hw, err := f.p.cfg.Broker.Fetch(f.gen, f.p.cfg.Input, f.partition, from, f.p.cfg.MaxWait)
+		ch <- fetched{recs, hw, err}
+	}()
+}
+
+// fetch returns the records from offset: the fetch ahead when it started
+// there, a new one otherwise.
+func (f *prefetcher) fetch(offset int64) ([]sinks.Fetched, int64, error) {
+	if f.next == nil || f.from != offset {
+		f.wait()
+		f.start(offset)
+	}
+	r := <-f.next
+	f.next = nil
+	return r.recs, r.hw, r.err
+}
+
+// wait lets a fetch ahead finish (it ends with the generation's context).
+func (f *prefetcher) wait() {
+	if f.next != nil {
+		<-f.next
+		f.next = nil
+	}
+}
+
 // runPartition processes one assigned partition until its generation ends.
 // Once it ends, no new batch starts; the one in hand has DrainTimeout to
 // finish and commit.
@@ -308,8 +356,15 @@ func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int
 	defer pz.done()
 	held := 0 // records fetched and not yet committed or dropped
 	defer func() { p.inflight(-held) }()
+	ahead := &prefetcher{p: p, gen: gen, partition: partition}
+	defer ahead.wait()
 	for gen.Err() == nil {
-		recs, hw, err := p.cfg.Broker.Fetch(gen, p.cfg.Input, partition, offset, p.cfg.MaxWait)
+		recs, hw, err := ahead.fetch(offset)
+		if err == nil && len(recs) > 0 {
+			// The next records are read while these are decided; a batch
+			// dropped below reads from its offset again instead.
+			ahead.start(recs[len(recs)-1].Offset + 1)
+		}
 		if err != nil {
 			if gen.Err() != nil {
 				return
@@ -331,9 +386,10 @@ func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int
 		p.setLag(partition, hw, offset, recs)
 		held = len(recs)
 		p.inflight(held)
+		fl := &floors{}
 		for start := 0; start < len(recs) && gen.Err() == nil; start += p.cfg.BatchSize {
 			batch := recs[start:min(start+p.cfg.BatchSize, len(recs))]
-			if err := p.processBatch(ctx, pz, holder, batch, fetched); err != nil {
+			if err := p.processBatch(ctx, pz, holder, batch, fetched, fl); err != nil {
 				if m := p.cfg.Metrics; m != nil {
 					m.BatchesAbandoned.WithLabelValues(p.cfg.Name).Inc()
 				}

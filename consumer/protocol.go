@@ -69,25 +69,49 @@ type results struct {
 	// batch's leases (taken before the call that set them): every lease
 	// of the batch lasts at least until leaseFrom plus the lease.
 	leaseFrom time.Time
+	// floors are the output's end offsets read for the fetch this batch
+	// came in, shared by its batches: read before any of them was
+	// decided, they are floors for all.
+	floors *floors
 }
+
+// floors are the end offsets of the output partitions at one moment.
+type floors struct {
+	n    int
+	ends map[int]int64
+	read time.Time // zero: not read yet
+}
+
+// floorsMaxAge is how long the floors of a fetch serve its later batches.
+// The older a floor, the further back a scan reads, and the more room for
+// a result of the key's previous window to pass for this one's (doc.go).
+const floorsMaxAge = 2 * time.Second
 
 // WriteBudget is the longest one write of a batch's results may take (the
 // Kafka client's timeout): a lease must outlast it plus SettleWait.
 const WriteBudget = 10 * time.Second
 
-func (p *Pipeline) newResults(pz *pauser, holder string, recs []dedupe.Record) *results {
-	return &results{p: p, pz: pz, holder: holder, recs: recs, byRec: map[int]*firstCopy{}}
+func (p *Pipeline) newResults(pz *pauser, holder string, recs []dedupe.Record, fl *floors) *results {
+	return &results{p: p, pz: pz, holder: holder, recs: recs, byRec: map[int]*firstCopy{}, floors: fl}
 }
 
-// Step 1 and 2: read the floors, then decide the batch, recording with
+// Step 1 and 2: read the floors (once per fetch), then decide the batch, recording with
 // every PENDING key the partition its result will go to and that
 // partition's end offset. Store and broker failures pause the partition
 // and try again; a refusal that cannot pass is returned.
 func (r *results) decide(ctx context.Context) error {
 	p := r.p
-	for {
+	for attempt := 0; ; attempt++ {
 		r.leaseFrom = time.Now()
-		nOut, floors, err := p.floors(ctx)
+		var err error
+		if attempt > 0 || r.floors.read.IsZero() || time.Since(r.floors.read) > floorsMaxAge {
+			r.floors.n, r.floors.ends, err = p.floors(ctx)
+			r.floors.read = time.Time{}
+			if err == nil {
+				r.floors.read = r.leaseFrom
+			}
+		}
+		nOut, floors := r.floors.n, r.floors.ends
 		if err == nil {
 			var outs []dedupe.Outcome
 			outs, err = p.cfg.Decider.Decide(ctx, r.holder, r.recs, func(rec *dedupe.Record, key string) dedupe.Intent {
@@ -113,10 +137,27 @@ func (r *results) decide(ctx context.Context) error {
 	}
 }
 
+// track records the first copies of an attempt's outcomes. A retried
+// attempt decides again what the failed one did (a key it held may have
+// been taken over meanwhile): its answer replaces the older one, which is
+// kept only for records it left undecided, so that abandon still releases
+// them.
 func (r *results) track(outs []dedupe.Outcome, nOut int) {
-	for i := range outs {
-		o := &outs[i]
-		if o.Kind != dedupe.OutcomeFirst || r.byRec[i] != nil {
+	old := r.byRec
+	r.byRec, r.firsts = map[int]*firstCopy{}, r.firsts[:0]
+	for i := range r.recs {
+		var o *dedupe.Outcome
+		if i < len(outs) {
+			o = &outs[i]
+		}
+		if o == nil || o.Kind == "" {
+			if fc := old[i]; fc != nil {
+				r.firsts = append(r.firsts, fc)
+				r.byRec[i] = fc
+			}
+			continue
+		}
+		if o.Kind != dedupe.OutcomeFirst {
 			continue
 		}
 		rec := &r.recs[i]
@@ -191,8 +232,10 @@ func (r *results) write(ctx context.Context) error {
 			msgs[j], fc.stage = fc.msg, stageSent
 		}
 		// A write may be several requests: it must end while the leases
-		// still outlast SettleWait plus a scan, however slow the broker.
-		wctx, cancel := context.WithDeadline(ctx, r.leaseFrom.Add(r.p.policy.Lease()-r.p.cfg.SettleWait-r.p.cfg.WriteTimeout))
+		// still outlast SettleWait, however slow the broker, so that a
+		// successor, which scans only once they ran out, finds it. The
+		// renewal above leaves it WriteTimeout at least.
+		wctx, cancel := context.WithDeadline(ctx, r.leaseFrom.Add(r.p.policy.Lease()-r.p.cfg.SettleWait))
 		written, werr := r.p.cfg.Broker.Write(wctx, msgs)
 		cancel()
 		if werr == nil {

@@ -373,3 +373,20 @@ func TestLeaseIsRenewedOnlyWhenItMayRunShort(t *testing.T) {
 		t.Errorf("%d store decide calls for one batch, want 1 (no renewal needed)", n)
 	}
 }
+
+// A lease exactly as long as the settle wait plus a write, the shortest
+// the configuration accepts, still leaves every write its time: the write
+// must end before the lease minus the settle wait, and a renewal just
+// before it leaves WriteTimeout. Before, the deadline also took the write
+// time off, was already past, and every write was retried for ever.
+func TestWriteFitsAShortestLease(t *testing.T) {
+	r := newRig(t, 1)
+	pol := r.policy(dedupe.Strict)
+	pol.PendingTimeout = 500 * time.Millisecond
+	cfg := r.config(pol, nil, nil, "test")
+	cfg.SettleWait, cfg.WriteTimeout = 750*time.Millisecond, 250*time.Millisecond
+	r.produce(cmd{"k1", `{"a":1}`, 0})
+	stop := r.start(cfg)
+	defer stop()
+	waitFor(t, "k1's result", func() bool { return r.resultsPerKey()["k1"] == 1 })
+}

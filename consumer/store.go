@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/idemstream/idemstream/dedupe"
@@ -25,6 +26,9 @@ func (i *instrumented) observe(op string, start time.Time, err error) {
 	i.m.StoreSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
 	if err != nil {
 		i.m.StoreErrors.WithLabelValues(op).Inc()
+	}
+	if errors.Is(err, dedupe.ErrNotReplicated) {
+		i.m.StoreReplicaAckFailures.WithLabelValues(op).Inc()
 	}
 }
 

@@ -3,6 +3,7 @@ package dedupe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 )
 
@@ -32,6 +33,12 @@ var (
 	// ErrStoreUnavailable wraps every failure to reach the store. The
 	// caller must treat the records concerned as undecided.
 	ErrStoreUnavailable = errors.New("store unavailable")
+
+	// ErrNotReplicated is a write that the store made but that too few
+	// replicas acknowledged in time: a failover could lose it, so it is
+	// no decision. It wraps ErrStoreUnavailable (retryable: a retry under
+	// the same owner token is safe).
+	ErrNotReplicated = fmt.Errorf("%w: write not acknowledged by replicas", ErrStoreUnavailable)
 
 	// ErrFenced is returned for a completion whose owner token no longer
 	// owns the key: another worker took the lease over. The stale owner

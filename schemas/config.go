@@ -62,7 +62,15 @@ type Redis struct {
 	TLS         bool     `json:"tls,omitempty"`
 	CAFile      string   `json:"ca_file,omitempty"`
 	Prefix      string   `json:"prefix"`
+	// MinReplicas is how many replicas must acknowledge every write.
+	MinReplicas    int      `json:"min_replicas,omitempty"`
+	ReplicaTimeout Duration `json:"replica_timeout,omitempty"`
+	// CheckServer is nil when absent: on.
+	CheckServer *bool `json:"check_server,omitempty"`
 }
+
+// ChecksServer reports whether the server's settings are checked at start.
+func (r Redis) ChecksServer() bool { return r.CheckServer == nil || *r.CheckServer }
 
 // Metrics configures the HTTP endpoint of /metrics, /healthz and /readyz.
 type Metrics struct {

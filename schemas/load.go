@@ -333,7 +333,7 @@ func hintFor(loc []string, fallback string) string {
 		}
 	}
 	switch last {
-	case "window", "pending_timeout", "failed_ttl", "client_max_retry_interval":
+	case "window", "pending_timeout", "failed_ttl", "client_max_retry_interval", "replica_timeout":
 		return "not a duration (use 500ms, 30s, 10m, 1h)"
 	case "volatile", "unordered":
 		return "not a JSON Pointer (RFC 6901: /field/sub, ~0 for ~, ~1 for /, * for any segment)"
@@ -379,6 +379,13 @@ func decodeError(err error) error {
 // which gets its default: a zero window or lease would disable dedupe
 // without a word.
 func refuseZeroDurations(tree map[string]any) error {
+	store, _ := tree["store"].(map[string]any)
+	redis, _ := store["redis"].(map[string]any)
+	if s, ok := redis["replica_timeout"].(string); ok {
+		if d, err := time.ParseDuration(s); err == nil && d <= 0 {
+			return fieldErr("store.redis.replica_timeout", "%s: must be longer than zero (WAIT 0 would wait for ever)", s)
+		}
+	}
 	pipes, _ := tree["pipelines"].([]any)
 	for i, p := range pipes {
 		m, _ := p.(map[string]any)

@@ -20,6 +20,7 @@ const (
 	DefaultKeyMaxLength    = 128
 	DefaultMaxPayloadBytes = 1 << 20
 	DefaultPendingTimeout  = 30 * time.Second
+	DefaultReplicaTimeout  = time.Second
 	// DefaultClientMaxRetryInterval is the article's longest client retry
 	// interval: three tries with exponential backoff, at most 30 s.
 	DefaultClientMaxRetryInterval = 30 * time.Second
@@ -43,6 +44,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Store.Redis.Prefix == "" {
 		c.Store.Redis.Prefix = DefaultRedisPrefix
+	}
+	if c.Store.Redis.ReplicaTimeout == 0 {
+		c.Store.Redis.ReplicaTimeout = Duration(DefaultReplicaTimeout)
 	}
 	if c.Metrics.Addr == "" {
 		c.Metrics.Addr = DefaultMetricsAddr

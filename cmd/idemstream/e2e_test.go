@@ -197,7 +197,7 @@ func TestRunEveryOutcomeFourPipelines(t *testing.T) {
 	}
 	config := filepath.Join(dir, "idemstream.yaml")
 	yaml := fmt.Sprintf(`kafka: {brokers: [%s], group: %s}
-store: {kind: redis, redis: {url: 'redis://%s/0', prefix: %s}}
+store: {kind: redis, redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}
 pipelines:
   - {name: strict, input: %s, output: %s, dlq: %s, semantics: strict, volatile: [/client_time], schema: claim.schema.json, max_payload_bytes: 512}
   - {name: lenient, input: %s, output: %s, dlq: %s, replies: %s, semantics: lenient, key: {format: any}}
@@ -355,7 +355,7 @@ func TestRunThreeInstancesShareSixPartitions(t *testing.T) {
 	testenv.CreateTopics(t, brokers, 6, inTopic, outTopic, dlqTopic)
 	dir := t.TempDir()
 	config := filepath.Join(dir, "c.yaml")
-	yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s}\nstore: {redis: {url: 'redis://%s/0', prefix: %s}}\npipelines:\n  - {name: claims, input: %s, output: %s, dlq: %s, volatile: [/attempt]}\n",
+	yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s}\nstore: {redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}\npipelines:\n  - {name: claims, input: %s, output: %s, dlq: %s, volatile: [/attempt]}\n",
 		strings.Join(brokers, ","), run, redisAddr, run, inTopic, outTopic, dlqTopic)
 	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
@@ -473,7 +473,7 @@ func TestRunStdoutSink(t *testing.T) {
 	inTopic := run + ".in"
 	testenv.CreateTopics(t, brokers, 1, inTopic)
 	config := filepath.Join(t.TempDir(), "c.yaml")
-	yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s}\nstore: {redis: {url: 'redis://%s/0', prefix: %s}}\npipelines:\n  - {name: p, input: %s, output: %s.out, dlq: %s.dlq, key: {format: any}}\n",
+	yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s}\nstore: {redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}\npipelines:\n  - {name: p, input: %s, output: %s.out, dlq: %s.dlq, key: {format: any}}\n",
 		strings.Join(brokers, ","), run, redisAddr, run, inTopic, run, run)
 	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
@@ -517,7 +517,7 @@ func TestRunSASL(t *testing.T) {
 			testenv.CreateTopics(t, brokers, 1, inTopic, outTopic, dlqTopic)
 			config := filepath.Join(t.TempDir(), "c.yaml")
 			yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s, sasl: {mechanism: %s, username: %s, password_env: KAFKA_PASSWORD}}\n"+
-				"store: {redis: {url: 'redis://%s/0', prefix: %s}}\npipelines:\n  - {name: p, input: %s, output: %s, dlq: %s, key: {format: any}}\n",
+				"store: {redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}\npipelines:\n  - {name: p, input: %s, output: %s, dlq: %s, key: {format: any}}\n",
 				strings.Join(saslBrokers, ","), run, mech, testenv.KafkaSASLUser, redisAddr, run, inTopic, outTopic, dlqTopic)
 			if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
 				t.Fatal(err)
@@ -561,7 +561,7 @@ func TestRunTLS(t *testing.T) {
 	write := func(name, tls string) string {
 		config := filepath.Join(t.TempDir(), name)
 		yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s, tls: %s}\n"+
-			"store: {redis: {url: 'redis://%s/0', prefix: %s}}\npipelines:\n  - {name: p, input: %s, output: %s, dlq: %s, key: {format: any}}\n",
+			"store: {redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}\npipelines:\n  - {name: p, input: %s, output: %s, dlq: %s, key: {format: any}}\n",
 			strings.Join(tlsBrokers, ","), run, tls, redisAddr, run, inTopic, outTopic, dlqTopic)
 		if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
 			t.Fatal(err)

@@ -121,6 +121,9 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
+	if err := checkServer(cfg, rawStore, log); err != nil {
+		return nil, errors.Join(err, closeStore())
+	}
 	store := consumer.InstrumentStore(rawStore, metrics)
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
 	var io consumer.Broker = sinks.NewKafka(client)
@@ -230,6 +233,11 @@ func (s *service) readyz(w http.ResponseWriter, r *http.Request) {
 	if err := s.probe.check(r.Context()); err != nil {
 		problems = append(problems, "store: "+err.Error())
 	}
+	if ra, ok := s.probe.store.(replicaAcks); ok {
+		if err := ra.ReplicaAckError(); err != nil {
+			problems = append(problems, "store writes not acknowledged by replicas: "+err.Error())
+		}
+	}
 	if len(problems) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		for _, p := range problems {
@@ -239,6 +247,11 @@ func (s *service) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	fmt.Fprintln(w, "ready")
 }
+
+// replicaAcks is a store that waits for replicas (redisstore with
+// store.redis.min_replicas): the newest write they did not acknowledge in
+// time, nil once one was.
+type replicaAcks interface{ ReplicaAckError() error }
 
 // storeProbe asks the store a harmless question, at most once a second.
 type storeProbe struct {

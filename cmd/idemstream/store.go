@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/idemstream/idemstream/dedupe"
@@ -30,13 +31,47 @@ func openStore(cfg *schemas.Config, getenv func(string) string) (dedupe.Store, f
 				return nil, nil, &schemas.FieldError{Field: "store.redis.password_env", Msg: fmt.Sprintf("environment variable %s is empty", r.PasswordEnv)}
 			}
 		}
+		if r.MinReplicas > 0 {
+			// WAIT blocks for up to replica_timeout: the call's own
+			// timeout must outlast it.
+			opts.Timeout = redisstore.DefaultTimeout + r.ReplicaTimeout.D()
+		}
 		client, err := redisstore.NewClient(opts)
 		if err != nil {
 			return nil, nil, &schemas.FieldError{Field: "store.redis", Msg: err.Error()}
 		}
-		return redisstore.New(client, r.Prefix), client.Close, nil
+		return redisstore.New(client, r.Prefix, redisstore.WithReplicas(r.MinReplicas, r.ReplicaTimeout.D())), client.Close, nil
 	}
 	return nil, nil, &schemas.FieldError{Field: "store.kind", Msg: fmt.Sprintf("unknown store %q", cfg.Store.Kind)}
+}
+
+// checkServer runs the store's start-up checks of the Redis settings
+// (store.redis.check_server): settings that lose state silently refuse the
+// start (exit 2), what cannot be verified is a warning. A server that does
+// not answer is a warning too: the consumer pauses until it does, as it
+// would later.
+func checkServer(cfg *schemas.Config, store dedupe.Store, log *slog.Logger) error {
+	rs, ok := store.(*redisstore.Store)
+	if !ok || !cfg.Store.Redis.ChecksServer() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	warnings, err := rs.CheckServer(ctx)
+	for _, w := range warnings {
+		log.Warn("redis settings not verified or weak: "+w, "setting", "store.redis.check_server")
+	}
+	var se *redisstore.SettingsError
+	switch {
+	case errors.As(err, &se):
+		for _, p := range se.Problems {
+			log.Error("redis settings lose state: "+p, "setting", "store.redis.check_server")
+		}
+		return &schemas.FieldError{Field: se.Field, Msg: se.Error() + " (store.redis.check_server: false starts anyway)"}
+	case err != nil:
+		log.Warn("redis settings could not be checked at start: "+err.Error(), "setting", "store.redis.check_server")
+	}
+	return nil
 }
 
 func cmdInspect(ctx context.Context, e *env, args []string) (err error) {

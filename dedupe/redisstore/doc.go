@@ -15,9 +15,11 @@
 // the window, or failed_ttl, ends.
 //
 // A SUCCESS entry with a UUID key, 71-character fingerprint and rules
-// digest and typical holder and source strings takes about 550 bytes of
-// Redis memory (MEMORY USAGE, checked by TestMemoryPerEntry), so a window
-// that sees one million keys needs about 550 MB.
+// digest and typical holder and source strings takes about 490 bytes by
+// MEMORY USAGE (TestMemoryPerEntry) and grows INFO used_memory by about
+// 550 bytes once its keyspace and expiry slots count
+// (TestMemoryPerKeyInUsedMemory), so a window that sees one million keys
+// needs about 550 MB.
 //
 // # Batches
 //
@@ -38,11 +40,33 @@
 //
 // # Failures
 //
-// Timeouts, refused connections and a server that stops answering surface
-// as errors wrapping dedupe.ErrStoreUnavailable: no decision of the batch
-// may be assumed. Decisions survive a server restart only if the server
-// persists every write: appendonly yes with appendfsync always (or WAIT on
-// replicas). With weaker settings a restart can forget the last second of
-// decisions, and a redelivered record of a forgotten key is decided first
-// again.
+// Timeouts, refused connections, a full server (OOM under noeviction) and
+// a server that stops answering surface as errors wrapping
+// dedupe.ErrStoreUnavailable: no decision of the batch may be assumed.
+// Decisions survive a server restart only if the server persists every
+// write: appendonly yes with appendfsync always. With weaker settings a
+// restart can forget the last second of decisions, and a redelivered
+// record of a forgotten key is decided first again.
+//
+// # Replicas
+//
+// Replication is asynchronous: a failover (Sentinel, Cluster) promotes a
+// replica that may lack the master's last writes, and every key among them
+// is decided first again. WithReplicas(n, timeout) closes that gap: every
+// round trip that writes (decide, renew, complete; never lookup) carries,
+// behind its commands and on the same connection, one WAIT n timeout (on
+// Redis 7.2 and later with appendonly yes, WAITAOF 1 n timeout, which also
+// waits for the fsyncs, if a probe at the first write shows the replicas
+// acknowledge fsyncs: replicas without appendonly never do). WAIT
+// counts what the replicas have of this connection's writes, which is why
+// it cannot travel on another. On a Cluster the round trip becomes one
+// pipeline per master, each with its own WAIT, sent in parallel. Fewer
+// acknowledgements than n is dedupe.ErrNotReplicated, a retryable store
+// error: the write was made but is no decision, the partition pauses, and
+// the retry under the same owner token resumes the same keys.
+//
+// CheckServer reads the settings of every master at start and refuses
+// those that lose state silently: an eviction policy (every entry has a
+// TTL, so volatile-* policies evict them too), appendonly no without
+// replica acknowledgement, fewer replicas than n.
 package redisstore

@@ -44,11 +44,16 @@ const maxKeyInName = 64
 type Store struct {
 	client redis.UniversalClient
 	prefix string
+	acks   replicaAcks
 }
 
 // New returns a Store that names its keys under prefix.
-func New(client redis.UniversalClient, prefix string) *Store {
-	return &Store{client: client, prefix: prefix}
+func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
+	s := &Store{client: client, prefix: prefix}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // RedisKey is the name of the hash that holds a key's entry.
@@ -107,8 +112,9 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	out := make([]dedupe.Decision, len(reqs))
 	slow := make([]int, 0, 8)
 	seen := make(map[string]struct{}, len(reqs))
-	pipe := s.client.Pipeline()
 	fast := make([]*redis.Cmd, len(reqs))
+	var fastCmds []redis.Cmder
+	var fastKeys []string
 	// One pooled buffer for every value of the batch: building these is
 	// the hot path of a large batch. The pipeline is done with it when
 	// Exec returns.
@@ -128,10 +134,15 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		out[i].Entry = newEntry(r, now)
 		start := len(buf)
 		buf = appendEntry(buf, &out[i].Entry)
-		fast[i] = pipe.Do(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", out[i].Entry.RetainUntil().UnixMilli())
+		fast[i] = redis.NewCmd(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", out[i].Entry.RetainUntil().UnixMilli())
+		fastCmds, fastKeys = append(fastCmds, fast[i]), append(fastKeys, names[i])
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, classify("decide", err)
+	execErr, ackErr := s.roundTrip(ctx, "decide", fastKeys, fastCmds)
+	if execErr != nil && !errors.Is(execErr, redis.Nil) {
+		return nil, classify("decide", execErr)
+	}
+	if ackErr != nil {
+		return nil, ackErr
 	}
 	for i, cmd := range fast {
 		if cmd == nil {
@@ -278,8 +289,9 @@ func (s *Store) runGroups(ctx context.Context, op string, script *redis.Script, 
 	shared func(i int) []any, class func(i int) string, handle func(idx []int, rep []any) error) error {
 	groups := s.group(names, class)
 	for attempt := 0; ; attempt++ {
-		pipe := s.client.Pipeline()
 		cmds := make([]*redis.Cmd, len(groups))
+		sent := make([]redis.Cmder, len(groups))
+		routes := make([]string, len(groups))
 		for g, idx := range groups {
 			keys := make([]string, len(idx))
 			var flat []any
@@ -290,9 +302,14 @@ func (s *Store) runGroups(ctx context.Context, op string, script *redis.Script, 
 				keys[j] = names[i]
 				flat = append(flat, args[i]...)
 			}
-			cmds[g] = script.EvalSha(ctx, pipe, keys, flat...)
+			cmds[g] = evalSha(ctx, script, keys, flat)
+			sent[g], routes[g] = cmds[g], keys[0]
 		}
-		_, execErr := pipe.Exec(ctx)
+		execErr, ackErr := s.roundTrip(ctx, op, routes, sent)
+		if ackErr != nil && (execErr == nil || redis.HasErrorPrefix(execErr, "NOSCRIPT")) {
+			// Made but not acknowledged: no item of the call is decided.
+			return ackErr
+		}
 		var missing [][]int
 		for g, idx := range groups {
 			err := cmds[g].Err()
@@ -386,7 +403,9 @@ func classify(op string, err error) error {
 
 func isTransient(err error) bool {
 	msg := err.Error()
-	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "OOM", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "EOF", "connection reset", "broken pipe", "i/o timeout"} {
+	// OOM: maxmemory reached under noeviction; entries expire, so the
+	// pause ends by itself once the window moves on.
+	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "MOVED", "ASK", "OOM", "EOF", "connection reset", "broken pipe", "i/o timeout"} {
 		if strings.Contains(msg, p) {
 			return true
 		}

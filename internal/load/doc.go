@@ -1,0 +1,20 @@
+// Package load holds the throughput and latency runs of idemstream against
+// a strong kafka-go passthrough (./passthrough), on a real Kafka broker and
+// a real redis-server. They are benchmarks, not tests: they run only when
+// asked (IDEMSTREAM_LOAD=1 for make load, IDEMSTREAM_LATENCY=1 for make
+// latency), print their figures, and fail only when a result is wrong
+// (a key without exactly one result, a dead letter where none belongs) or
+// a run does not finish in its time bound, never because it was slow.
+//
+// Both sides run as processes built from this tree (the real `idemstream
+// run` and the passthrough binary), each timed from its start to the
+// moment its group's committed offsets reach the input's end offsets, so
+// start-up and group join count on both sides. The workload is the
+// issue's: commands of about 1 KB keyed by a UUID idempotency key, 30 % of
+// the keys sent twice with new volatile values (client_time, retry_count,
+// trace_id, items/*/client_ts) and the unordered items array shuffled,
+// decided under the strict policy.
+//
+// The helpers that need no server (workload, percentiles, the INFO parser)
+// are tested in every go test run.
+package load

@@ -1,0 +1,101 @@
+package load
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPercentileNearestRank(t *testing.T) {
+	var d []time.Duration
+	for i := 100; i >= 1; i-- {
+		d = append(d, time.Duration(i)*time.Millisecond)
+	}
+	s := sortedDurations(d)
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 50 * time.Millisecond}, {0.99, 99 * time.Millisecond}, {1, 100 * time.Millisecond}, {0, time.Millisecond}} {
+		if got := percentile(s, c.q); got != c.want {
+			t.Errorf("percentile(%v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+	if got := percentile(nil, 0.5); got != 0 {
+		t.Errorf("percentile of nothing = %v", got)
+	}
+}
+
+func TestParseInfoAndDiff(t *testing.T) {
+	before := "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.250000\r\n# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=10,usec=1000,usec_per_call=100.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_set:calls=5,usec=10,usec_per_call=2.00,rejected_calls=0,failed_calls=0\r\n"
+	after := "# CPU\r\nused_cpu_sys:2.000000\r\nused_cpu_user:3.000000\r\n# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=30,usec=5000,usec_per_call=166.67,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_set:calls=5,usec=10,usec_per_call=2.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_get:calls=100,usec=200,usec_per_call=2.00,rejected_calls=0,failed_calls=0\r\n"
+	fb, cb := parseInfo(before)
+	fa, ca := parseInfo(after)
+	if got := serverCPU(fa) - serverCPU(fb); got < 1.2499 || got > 1.2501 {
+		t.Errorf("cpu delta %v, want 1.25", got)
+	}
+	d := diffCommands(cb, ca)
+	if len(d) != 2 || d[0].name != "evalsha" || d[0].calls != 20 || d[0].usec != 4000 || d[1].name != "get" || d[1].calls != 100 {
+		t.Errorf("diff %+v: want evalsha (20 calls, 4000 usec) then get; set unchanged and left out", d)
+	}
+}
+
+func TestLagCountsUncommittedPartitionsFromZero(t *testing.T) {
+	end := map[int]int64{0: 10, 1: 5, 2: 0}
+	if got := lag(end, map[int]int64{0: 10, 1: -1}); got != 5 {
+		t.Errorf("lag %d, want 5", got)
+	}
+	if got := lag(end, map[int]int64{0: 10, 1: 5, 2: -1}); got != 0 {
+		t.Errorf("lag %d, want 0", got)
+	}
+}
+
+func TestParseMetricsSumsByLabel(t *testing.T) {
+	text := `# HELP idemstream_records_total Input records by outcome.
+# TYPE idemstream_records_total counter
+idemstream_records_total{outcome="first",pipeline="load"} 7
+idemstream_records_total{outcome="replay",pipeline="load"} 3
+idemstream_records_total{outcome="first",pipeline="other"} 1
+idemstream_store_duration_seconds_sum{op="decide"} 0.25
+idemstream_store_duration_seconds_count{op="decide"} 10
+go_goroutines 12
+`
+	all, err := parseMetrics(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := sumBy(all, "idemstream_records_total", "outcome")
+	if got["first"] != 8 || got["replay"] != 3 || len(got) != 2 {
+		t.Errorf("records by outcome %v, want first=8 replay=3", got)
+	}
+	if got := sumBy(all, "idemstream_store_duration_seconds_count", "op")["decide"]; got != 10 {
+		t.Errorf("decide count %v", got)
+	}
+	if got := label(`outcome="first",pipeline="load"`, "pipeline"); got != "load" {
+		t.Errorf("label pipeline = %q", got)
+	}
+	if got := label(`xpipeline="a",pipeline="b"`, "pipeline"); got != "b" {
+		t.Errorf("label pipeline = %q, want b (not the one of xpipeline)", got)
+	}
+}
+
+func TestCPUSecondsOfThisProcess(t *testing.T) {
+	before := cpuSeconds(os.Getpid())
+	if before < 0 {
+		t.Skip("no /proc here")
+	}
+	for deadline := time.Now().Add(5 * time.Second); cpuSeconds(os.Getpid()) < before+0.05; {
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s of spinning moved the CPU time from %v to %v", before, cpuSeconds(os.Getpid()))
+		}
+		for range 1000000 {
+			_ = strconv.Itoa(7)
+		}
+	}
+}

@@ -1,0 +1,299 @@
+package load
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemstream/idemstream/internal/testenv"
+)
+
+// TestThroughput is make load: the passthrough and `idemstream run` one
+// after the other over the same backlog, on the same broker and Redis,
+// each timed from its process start to lag 0. It prints both rates and
+// their ratio, the Redis server's CPU per decided record with the commands
+// that spent it, and the peak RSS of each process; it fails only when a
+// key has not exactly one result, a record went to the dead-letter topic,
+// or a run does not finish in time.
+func TestThroughput(t *testing.T) {
+	if os.Getenv("IDEMSTREAM_LOAD") == "" {
+		t.Skip("a load run: make load (IDEMSTREAM_LOAD=1)")
+	}
+	n := envInt(t, "IDEMSTREAM_LOAD_RECORDS", 325000)
+	bound := envDuration(t, "IDEMSTREAM_LOAD_BOUND", 10*time.Minute)
+	brokers := testenv.KafkaBrokers(t)
+	redisAddr := testenv.RedisAddr(t)
+	if os.Getenv("IDEMSTREAM_LOAD_REDIS_AOF") == "1" {
+		redisAddr = testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true}).Addr
+	}
+	idemBin, passBin := binaries(t)
+	run := testenv.UniqueName(t, "load")
+	in, passOut, out, dlq := run+".in", run+".pass", run+".out", run+".dlq"
+	testenv.CreateTopics(t, brokers, partitions, in, passOut, out, dlq)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*bound)
+	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	input := offsets{client: client, topic: in}
+
+	w := newWorkload(uint64(time.Now().UnixNano()), run)
+	began := time.Now()
+	if err := produce(ctx, brokers, in, w, n); err != nil {
+		t.Fatal(err)
+	}
+	produced := time.Since(began)
+	end, err := input.end(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sum(end); got != int64(n) {
+		t.Fatalf("the input holds %d records, want %d", got, n)
+	}
+	t.Logf("machine: %d CPUs, load average %s", runtime.NumCPU(), loadAverage())
+	t.Logf("backlog: %d records on %d partitions (%d keys, %d of them sent twice), produced in %v",
+		n, partitions, w.keys, w.retries, produced.Round(time.Millisecond))
+
+	// The passthrough.
+	broker := brokerPID()
+	brokerCPU := cpuSeconds(broker)
+	passArgs := append([]string{"--brokers", strings.Join(brokers, ","), "--input", in, "--output", passOut, "--group", run + ".pass"},
+		strings.Fields(os.Getenv("IDEMSTREAM_LOAD_PASSTHROUGH_ARGS"))...)
+	pass := startProcess(t, "passthrough", passBin, passArgs...)
+	passDone := waitCaughtUp(ctx, t, pass, input, run+".pass", end, bound, nil)
+	passTime := passDone.Sub(pass.started)
+	_, passPeak := pass.memory()
+	passCPU := cpus{consumer: cpuSeconds(pass.cmd.Process.Pid), broker: since(cpuSeconds(broker), brokerCPU)}
+	if !pass.stop(15 * time.Second) {
+		t.Errorf("passthrough did not stop cleanly: %v\n%s", pass.err, pass.tail(10))
+	}
+
+	// idemstream.
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	infoBefore, err := rdb.Info(ctx, "cpu", "commandstats", "persistence").Result()
+	if err != nil {
+		t.Fatalf("redis INFO: %v", err)
+	}
+	metricsAddr := testenv.FreeAddr(t)
+	config := filepath.Join(t.TempDir(), "idemstream.yaml")
+	writeConfig(t, config, brokers, redisAddr, run, in, out, dlq)
+	brokerCPU = cpuSeconds(broker)
+	idem := startProcess(t, "idemstream", idemBin, "run", "--config", config, "--metrics-addr", metricsAddr, "--log-format", "text")
+	var rssAt [4]int64
+	idemDone := waitCaughtUp(ctx, t, idem, input, run+".load", end, bound, &rssAt)
+	idemTime := idemDone.Sub(idem.started)
+	idemCPU := cpus{consumer: cpuSeconds(idem.cmd.Process.Pid), broker: since(cpuSeconds(broker), brokerCPU)}
+	infoAfter, err := rdb.Info(ctx, "cpu", "commandstats").Result()
+	if err != nil {
+		t.Fatalf("redis INFO: %v", err)
+	}
+	_, idemPeak := idem.memory()
+	metrics, err := scrape(metricsAddr)
+	if err != nil {
+		t.Errorf("scrape %s/metrics: %v", metricsAddr, err)
+	}
+	outcomes := sumBy(metrics, "idemstream_records_total", "outcome")
+	if !idem.stop(15 * time.Second) {
+		t.Errorf("idemstream did not stop cleanly: %v\n%s", idem.err, idem.tail(10))
+	}
+
+	// The figures.
+	passRate, idemRate := float64(n)/passTime.Seconds(), float64(n)/idemTime.Seconds()
+	t.Logf("passthrough%s (fetch and write overlapped, batches of 1000, Writer BatchSize 2000, acks=all, commit per batch): %.0f records/s (%v from process start to lag 0), peak RSS %.0f MB",
+		strings.Join(append([]string{""}, passArgs[8:]...), " "), passRate, passTime.Round(time.Millisecond), mb(passPeak))
+	t.Logf("idemstream run (strict, volatile fields, unordered array, Redis %s): %.0f records/s (%v from process start to lag 0), peak RSS %.0f MB",
+		redisAddr, idemRate, idemTime.Round(time.Millisecond), mb(idemPeak))
+	t.Logf("idemstream RSS at 25/50/75/100%% of the backlog: %.0f / %.0f / %.0f / %.0f MB",
+		mb(rssAt[0]), mb(rssAt[1]), mb(rssAt[2]), mb(rssAt[3]))
+	t.Logf("ratio idemstream / passthrough: %.2f (goal >= 0.70)", idemRate/passRate)
+	t.Logf("CPU per record, passthrough run: %s", passCPU.perRecord(n, -1))
+	redisCPU := reportRedis(t, infoBefore, infoAfter, fsyncPolicy(ctx, rdb), n)
+	t.Logf("CPU per record, idemstream run: %s", idemCPU.perRecord(n, redisCPU))
+	reportStore(t, metrics, n)
+
+	t.Logf("machine: load average %s", loadAverage())
+
+	// One result per key, from the output topic itself.
+	verifyResults(ctx, t, brokers, client, out, dlq, w, outcomes)
+	passEnd, err := offsets{client: client, topic: passOut}.end(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sum(passEnd); got < int64(n) {
+		t.Errorf("passthrough wrote %d records of %d", got, n)
+	}
+}
+
+// fsyncPolicy is the server's appendfsync setting, or "?".
+func fsyncPolicy(ctx context.Context, rdb *redis.Client) string {
+	v, err := rdb.ConfigGet(ctx, "appendfsync").Result()
+	if err != nil || v["appendfsync"] == "" {
+		return "?"
+	}
+	return v["appendfsync"]
+}
+
+// since is now - before for CPU readings, -1 when either is unknown.
+func since(now, before float64) float64 {
+	if now < 0 || before < 0 {
+		return -1
+	}
+	return now - before
+}
+
+func sum(m map[int]int64) int64 {
+	var s int64
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+func writeConfig(t *testing.T, path string, brokers []string, redisAddr, run, in, out, dlq string) {
+	t.Helper()
+	yaml := fmt.Sprintf(`kafka: {brokers: [%s], group: %s}
+store: {kind: redis, redis: {url: 'redis://%s/0', prefix: %s}}
+pipelines:
+  - name: load
+    input: %s
+    output: %s
+    dlq: %s
+    key: {from: header, name: %s, format: uuid}
+    semantics: strict
+    window: 10m
+    volatile: [%s]
+    unordered: [%s]
+`, strings.Join(brokers, ","), run, redisAddr, run, in, out, dlq, keyHeader,
+		strings.Join(volatilePaths, ", "), strings.Join(unorderedPaths, ", "))
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cpus is the CPU time, in seconds, that the consumer process used from
+// its start to lag 0, and the broker in the same span (-1: not known).
+type cpus struct{ consumer, broker float64 }
+
+func (c cpus) perRecord(records int, redis float64) string {
+	us := func(s float64) string {
+		if s < 0 {
+			return "?"
+		}
+		return fmt.Sprintf("%.1f µs", s*1e6/float64(records))
+	}
+	out := "consumer " + us(c.consumer) + ", broker " + us(c.broker)
+	if redis >= 0 {
+		out += ", redis-server " + us(redis)
+	}
+	return out
+}
+
+// reportStore prints what idemstream's own metrics say about its batches
+// and store calls.
+func reportStore(t *testing.T, metrics []series, records int) {
+	t.Helper()
+	batches := sumBy(metrics, "idemstream_decision_duration_seconds_count", "pipeline")["load"]
+	batchSecs := sumBy(metrics, "idemstream_decision_duration_seconds_sum", "pipeline")["load"]
+	if batches > 0 {
+		t.Logf("idemstream batches: %.0f (%.0f records each), mean fetch to commit-ready %.1f ms", batches, float64(records)/batches, batchSecs*1e3/batches)
+	}
+	counts := sumBy(metrics, "idemstream_store_duration_seconds_count", "op")
+	secs := sumBy(metrics, "idemstream_store_duration_seconds_sum", "op")
+	var ops []string
+	for op := range counts {
+		ops = append(ops, op)
+	}
+	slices.Sort(ops)
+	var parts []string
+	for _, op := range ops {
+		if counts[op] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.0f calls, mean %.1f ms", op, counts[op], secs[op]*1e3/counts[op]))
+		}
+	}
+	t.Logf("idemstream store calls: %s", strings.Join(parts, "; "))
+}
+
+// reportRedis prints the server CPU per decided record and the commands
+// that spent it, and returns that CPU in seconds.
+func reportRedis(t *testing.T, before, after, fsync string, records int) float64 {
+	t.Helper()
+	fb, cb := parseInfo(before)
+	fa, ca := parseInfo(after)
+	cpu := serverCPU(fa) - serverCPU(fb)
+	persistence := "no persistence"
+	if fb["aof_enabled"] == "1" {
+		persistence = "appendonly yes, appendfsync " + fsync
+	}
+	deltas := diffCommands(cb, ca)
+	t.Logf("redis (%s): server CPU %.2f s (used_cpu_sys+used_cpu_user) = %.1f µs per decided record (goal <= 3)",
+		persistence, cpu, cpu*1e6/float64(records))
+	// usec is the time inside each command as the server clocks it (wall
+	// time: on a busy machine it can exceed the CPU above), and a command
+	// that a script calls counts under its own name as well as under
+	// EVALSHA: the lines do not add up, they rank.
+	for i, d := range deltas {
+		if i == 6 {
+			break
+		}
+		t.Logf("redis   %-10s calls %8d  usec %10d  %8.1f µs/call  %6.2f µs/record",
+			strings.ToUpper(d.name), d.calls, d.usec, float64(d.usec)/float64(d.calls), float64(d.usec)/float64(records))
+	}
+	return cpu
+}
+
+// verifyResults reads the output and the dead-letter topic: every key of
+// the workload must have exactly one result, no record a dead letter, and
+// the outcome counters must add up to the records sent.
+func verifyResults(ctx context.Context, t *testing.T, brokers []string, client *kafka.Client, out, dlq string, w *workload, outcomes map[string]float64) {
+	t.Helper()
+	outEnd, err := offsets{client: client, topic: out}.end(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	perKey := make(map[string]int, w.keys)
+	if err := readAll(ctx, brokers, out, outEnd, func(m kafka.Message) {
+		k := header(m.Headers, "idemstream-key")
+		mu.Lock()
+		perKey[k]++
+		mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var dups, missing int
+	var example string
+	for k := range w.keys {
+		switch c := perKey[w.key(k)]; {
+		case c == 0:
+			missing++
+			example = w.key(k)
+		case c > 1:
+			dups++
+			example = w.key(k)
+		}
+	}
+	dlqEnd, err := offsets{client: client, topic: dlq}.end(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("results: %d records for %d keys: %d keys without a result, %d with more than one; %d dead letters; outcomes %v",
+		sum(outEnd), w.keys, missing, dups, sum(dlqEnd), outcomes)
+	if missing > 0 || dups > 0 || sum(outEnd) != int64(w.keys) {
+		t.Errorf("not exactly one result per key (e.g. %s)", example)
+	}
+	if sum(dlqEnd) != 0 {
+		t.Errorf("%d dead letters, want none", sum(dlqEnd))
+	}
+	if outcomes != nil && (outcomes["first"] != float64(w.keys) || outcomes["replay"] != float64(w.retries)) {
+		t.Errorf("outcomes %v, want first=%d replay=%d", outcomes, w.keys, w.retries)
+	}
+}
