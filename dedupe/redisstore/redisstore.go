@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,6 +104,7 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		}
 		return out, nil
 	}
+	timeRead := time.Now()
 	nowMs, err := s.client.Time(ctx).Result()
 	if err != nil {
 		return nil, classify("decide", err)
@@ -144,6 +146,7 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	if ackErr != nil {
 		return nil, ackErr
 	}
+	var existing []int
 	for i, cmd := range fast {
 		if cmd == nil {
 			slow = append(slow, i)
@@ -153,10 +156,18 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		case err == nil:
 			out[i].Verdict = dedupe.VerdictFirst
 		case errors.Is(err, redis.Nil):
-			slow = append(slow, i)
+			existing = append(existing, i)
 		default:
 			return nil, classify("decide", err)
 		}
+	}
+	if len(existing) > 0 {
+		scripted, err := s.decideRead(ctx, reqs, names, existing, now, timeRead, out)
+		if err != nil {
+			return nil, err
+		}
+		slow = append(slow, scripted...)
+		sort.Ints(slow)
 	}
 	if len(slow) == 0 {
 		return out, nil
@@ -165,6 +176,66 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		return nil, err
 	}
 	return out, nil
+}
+
+// decideRead decides the records whose key exists (their SET NX failed)
+// from a plain GET of each entry, where the decision changes nothing:
+// a replay, a conflict, a key pending elsewhere. Such a decision is a read,
+// as true at the GET as decide.lua's would be, and costs the server a GET
+// instead of a script. It returns the records decide.lua must decide: those
+// whose decision writes (a takeover, a rerun, a resume, an expired entry)
+// and those whose entry is within a second of a boundary of the store's
+// clock (expiry, window end, lease end), since now was read before the GET.
+func (s *Store) decideRead(ctx context.Context, reqs []dedupe.DecideRequest, names []string, idx []int, now, timeRead time.Time, out []dedupe.Decision) ([]int, error) {
+	pipe := s.client.Pipeline()
+	gets := make([]*redis.StringCmd, len(idx))
+	for j, i := range idx {
+		gets[j] = pipe.Get(ctx, names[i])
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, classify("decide", err)
+	}
+	// The clock read before the SET NX must still be within the margin of
+	// the store's clock at the GETs.
+	stale := time.Since(timeRead) > readMargin/2
+	var scripted []int
+	for j, i := range idx {
+		raw, err := gets[j].Result()
+		if stale || err != nil {
+			scripted = append(scripted, i)
+			continue
+		}
+		cur, err := parseEntry(strconv.FormatInt(now.UnixMilli(), 10), raw)
+		if err != nil || cur.Key != reqs[i].Key || nearBoundary(&cur, reqs[i], now) {
+			scripted = append(scripted, i)
+			continue
+		}
+		dec, next := dedupe.Apply(&cur, reqs[i], now)
+		if next != nil {
+			scripted = append(scripted, i)
+			continue
+		}
+		dec.Entry.Now = now
+		out[i] = dec
+	}
+	return scripted, nil
+}
+
+// readMargin is how close to a boundary of the store's clock a decision
+// from a read may not be.
+const readMargin = time.Second
+
+func nearBoundary(e *dedupe.Entry, r dedupe.DecideRequest, now time.Time) bool {
+	ts := []time.Time{e.ExpiresAt, e.RetainUntil(), e.LeaseUntil}
+	if r.EventTime.IsZero() {
+		ts = append(ts, e.WindowStart.Add(r.Window))
+	}
+	for _, t := range ts {
+		if !t.IsZero() && t.Sub(now).Abs() < readMargin {
+			return true
+		}
+	}
+	return false
 }
 
 var valueBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}

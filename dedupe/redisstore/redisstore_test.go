@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/dedupe/memstore"
 	"github.com/idemstream/idemstream/dedupe/redisstore"
 	"github.com/idemstream/idemstream/dedupe/storetest"
 	"github.com/idemstream/idemstream/internal/testenv"
@@ -529,4 +530,71 @@ func BenchmarkServerCPUPerRecord(b *testing.B) {
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*batch), "server-µs/record")
 	b.ReportMetric(float64(decideCPU.Microseconds())/float64(b.N*batch), "decide-µs/record")
 	b.ReportMetric(float64(completeCPU.Microseconds())/float64(max(completions, 1)), "complete-µs/first")
+}
+
+// Batches of eight or more records decide existing keys from a plain GET
+// where the decision changes nothing, and by decide.lua otherwise: every
+// verdict and flag must be the reference table's (memstore applies
+// dedupe.Apply), whatever the entry's state.
+func TestBatchDecisionsMatchTheReferenceTable(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	stores := map[string]dedupe.Store{
+		"redis":     redisstore.New(client(t, addr), freshPrefix()),
+		"reference": memstore.New(),
+	}
+	const keys = 24
+	req := func(k int, fp, holder, source string, final bool) dedupe.DecideRequest {
+		r := decideReq(fmt.Sprintf("k%02d", k), holder)
+		r.Window, r.Lease = 10*time.Minute, time.Minute
+		r.Fingerprint, r.Owner.Source, r.Final = fp, source, final
+		r.Intent = dedupe.Intent{Partition: 1, Floor: 10}
+		return r
+	}
+	first := make([]dedupe.DecideRequest, keys)
+	for k := range first {
+		first[k] = req(k, "sha256:a", "holder-a", fmt.Sprintf("in/0/%d", k), false)
+	}
+	var comps []dedupe.Completion
+	for k := range keys {
+		switch k % 4 {
+		case 0, 1:
+			comps = append(comps, dedupe.Completion{Namespace: "p", Key: first[k].Key, Owner: first[k].Owner,
+				State: dedupe.Success, Result: dedupe.ResultRef{Partition: 1, Offset: int64(k)}})
+		case 2:
+			comps = append(comps, dedupe.Completion{Namespace: "p", Key: first[k].Key, Owner: first[k].Owner,
+				State: dedupe.Failed, FailedTTL: time.Minute})
+		}
+		// k%4 == 3 stays PENDING under holder-a.
+	}
+	var second []dedupe.DecideRequest
+	for k := range keys {
+		second = append(second,
+			req(k, "sha256:a", "holder-b", fmt.Sprintf("in/1/%d", k), false),   // the same body elsewhere
+			req(k, "sha256:b", "holder-b", fmt.Sprintf("in/1/%d", 100+k), true), // another body, after the wait
+			req(k, "sha256:a", "holder-b", fmt.Sprintf("in/0/%d", k), true))     // the owner's own record
+	}
+	got := map[string][]dedupe.Decision{}
+	for name, s := range stores {
+		ctx := context.Background()
+		if _, err := s.Decide(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Complete(ctx, comps); err != nil {
+			t.Fatal(err)
+		}
+		decs, err := s.Decide(ctx, second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[name] = decs
+	}
+	for i, ref := range got["reference"] {
+		d := got["redis"][i]
+		if d.Verdict != ref.Verdict || d.Resumed != ref.Resumed || d.Rerun != ref.Rerun || d.Mismatch != ref.Mismatch ||
+			d.RulesChanged != ref.RulesChanged || d.Entry.State != ref.Entry.State || d.Entry.Owner != ref.Entry.Owner ||
+			d.Entry.Result != ref.Entry.Result {
+			t.Errorf("record %d (%s from %s): redis %v %+v, reference %v %+v", i, second[i].Key, second[i].Owner.Source,
+				d.Verdict, d, ref.Verdict, ref)
+		}
+	}
 }
