@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -22,31 +23,62 @@ import (
 
 // variant sizes a chaos run.
 type variant struct {
-	name       string
-	keys       int
-	load       time.Duration // how long records are produced and instances killed
-	killMin    time.Duration // between two kills
-	killMax    time.Duration
-	recovery   time.Duration // liveness bound after the Redis pause and the broker restart
-	drain      time.Duration // bound on the final catch-up
-	produceMax time.Duration // bound on one produce batch, retries included
+	name        string
+	backlogKeys int           // keys produced before the group starts
+	streamKeys  int           // keys planned for the stream (it stops after the rolling restart)
+	stream      time.Duration // the span they are planned over
+	load        time.Duration // how long faults are injected; the rolling restart follows
+	kills       int           // SIGKILLs of members, spread over the load
+	zombies     int           // SIGSTOPs longer than the lease, spread over the load
+	brokerKills int           // SIGKILLs of the leader of an output partition
+	brokerDown  time.Duration // how long a killed broker stays down
+	stayMin     time.Duration // the joining member stays this long (to stayMax)
+	stayMax     time.Duration
+	awayMin     time.Duration // and is away this long (to awayMax) before it joins again
+	awayMax     time.Duration
+	drain       time.Duration // bound on the final catch-up
+	produceMax  time.Duration // bound on one produce batch, retries included
 }
 
 var (
-	ciVariant = variant{name: "ci", keys: 2000, load: 75 * time.Second,
-		killMin: 3 * time.Second, killMax: 5 * time.Second,
-		recovery: 60 * time.Second, drain: 120 * time.Second, produceMax: 90 * time.Second}
-	fullVariant = variant{name: "full", keys: 10000, load: 4 * time.Minute,
-		killMin: 2 * time.Second, killMax: 5 * time.Second,
-		recovery: 90 * time.Second, drain: 5 * time.Minute, produceMax: 2 * time.Minute}
+	ciVariant = variant{name: "ci", backlogKeys: 12000, streamKeys: 19200, stream: 8 * time.Minute, load: 130 * time.Second,
+		kills: 3, zombies: 1, brokerKills: 1, brokerDown: 8 * time.Second,
+		stayMin: 3 * time.Second, stayMax: 6 * time.Second, awayMin: 2 * time.Second, awayMax: 4 * time.Second,
+		drain: 4 * time.Minute, produceMax: 90 * time.Second}
+	fullVariant = variant{name: "full", backlogKeys: 30000, streamKeys: 28800, stream: 12 * time.Minute, load: 6 * time.Minute,
+		kills: 8, zombies: 2, brokerKills: 3, brokerDown: 10 * time.Second,
+		stayMin: 3 * time.Second, stayMax: 8 * time.Second, awayMin: 2 * time.Second, awayMax: 5 * time.Second,
+		drain: 8 * time.Minute, produceMax: 2 * time.Minute}
 )
 
 const (
-	instances    = 3
+	members      = 3 // always in the group (restarted after a kill)
 	partitions   = 6
 	pipelineName = "chaos"
 	redisPause   = 3 * time.Second
-	restartAfter = time.Second // a killed instance comes back after about this
+	restartAfter = time.Second // a killed member comes back after about this
+
+	// The defaults of `idemstream run` that the faults are sized against:
+	// pending_timeout 30s makes a lease of 60s; the session timeout is 10s;
+	// --settle-wait is 30s, the cluster's replica.lag.time.max.ms.
+	lease          = 60 * time.Second
+	sessionTimeout = 10 * time.Second
+	settleWait     = 30 * time.Second
+	// A zombie is frozen for longer than its lease: its successor has
+	// taken its keys over by the time it runs again.
+	zombiePause = lease + 8*time.Second
+	// A member that leaves gracefully must be gone within this.
+	leaveBound = 30 * time.Second
+	// During the rolling restart (graceful only, no crash) no partition
+	// may stall for longer than this.
+	rollingStallMax = 15 * time.Second
+	// No partition may ever stall for longer than a crash can explain:
+	// the lease, the settle wait after an ambiguous write, a session
+	// timeout, and a margin for two loaded cores.
+	stallMax = lease + settleWait + sessionTimeout + 30*time.Second
+	// Before a kill, a freeze or a leave, wait up to this for the target
+	// to hold records in flight, so that the fault lands mid-batch.
+	midBatchWait = 5 * time.Second
 )
 
 func chosenVariant(t *testing.T) variant {
@@ -61,11 +93,36 @@ func chosenVariant(t *testing.T) variant {
 	}
 }
 
-// TestChaos: three `idemstream run` processes in one group over six
-// partitions, a steady stream of keys with volatile-only retries and
-// conflicting copies, SIGKILL of a random instance every few seconds,
-// Redis frozen once, the broker restarted once; then every outcome is
-// checked from the topics. See doc.go.
+// injected counts what the faults did, for the summary.
+type injected struct {
+	mu                 sync.Mutex
+	kills, killsMid    int
+	joins, leaves      int
+	leavesMid          int
+	longestLeave       time.Duration
+	longestJoin        time.Duration
+	zombies, zombieMid int
+	brokerKills        int
+	brokerMid          int
+	brokerNodes        []string
+	redisPauses        int
+	rolling            int
+	rollingStall       stall
+}
+
+func (in *injected) add(f func(*injected)) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	f(in)
+}
+
+// TestChaos: three `idemstream run` members with every timing at its
+// default drain a backlog on a three-node Kafka cluster while more keeps
+// coming; a fourth member joins and leaves gracefully all along; members
+// are SIGKILLed mid-batch, one is frozen for longer than its lease, the
+// leader of an output partition is killed, Redis is frozen once; then all
+// three members are restarted one by one (a rolling deploy). Every outcome
+// is judged from the topics. See doc.go.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos test: not with -short")
@@ -83,12 +140,9 @@ func TestChaos(t *testing.T) {
 	t.Logf("chaos variant %s, seed %d (IDEMSTREAM_CHAOS_SEED=%d replays the choices)", v.name, seed, seed)
 
 	root := moduleRoot(t)
-	brokers, script, noRestart := chaosBroker(t, root)
-	if script == nil {
-		t.Logf("broker restart will be SKIPPED: %s", noRestart)
-	} else {
-		t.Logf("private broker %v (state in %s), restartable", brokers, script.dir)
-	}
+	cluster := testenv.StartKafkaCluster(t)
+	brokers := cluster.Brokers
+	t.Logf("three-node Kafka cluster %v up in %v (state in %s)", brokers, cluster.StartedIn.Round(100*time.Millisecond), cluster.Dir())
 	redisSrv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true})
 
 	buildStart := time.Now()
@@ -106,9 +160,11 @@ func TestChaos(t *testing.T) {
 	}
 	run := testenv.UniqueName(t, "chaos")
 	inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
-	testenv.CreateTopics(t, brokers, partitions, inTopic, outTopic, dlqTopic)
+	cluster.CreateTopics(t, partitions, inTopic, outTopic, dlqTopic)
 	group := run + "." + pipelineName
 	config := filepath.Join(logDir, "idemstream.yaml")
+	// No timing is set: pending_timeout, the session timeout and
+	// --settle-wait are the defaults every user runs with.
 	yaml := fmt.Sprintf(`kafka: {brokers: [%s], group: %s}
 store: {kind: redis, redis: {url: 'redis://%s/0', prefix: %s}}
 pipelines:
@@ -120,22 +176,32 @@ pipelines:
     semantics: strict
     window: 10m
     volatile: [/client_time]
-    pending_timeout: 8s
 `, strings.Join(brokers, ","), run, redisSrv.Addr, run, pipelineName, inTopic, outTopic, dlqTopic, keyHeader)
 	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("topics %s.{in,out,dlq}, group %s, redis %s, logs in %s", run, group, redisSrv.Addr, logDir)
+	t.Logf("topics %s.{in,out,dlq} (RF 3, min.insync.replicas=2), group %s, redis %s, logs in %s", run, group, redisSrv.Addr, logDir)
 
 	rng := rand.New(rand.NewPCG(seed, 1))
 	work := newWorkload(rng, v, partitions)
-	t.Logf("workload: %d keys, %d records planned (%v)", work.keys, len(work.records), work.byKind)
+	t.Logf("workload: %d keys, %d records planned, %d of them in the backlog (%v); the stream stops after the rolling restart", work.keys, len(work.records), work.backlog, work.byKind)
 
-	fl := newFleet(t, bin, config, logDir, instances)
-	fl.startAll()
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	producer := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	stats := &producerStats{acked: map[int]bool{}}
+
+	// The backlog first: the group starts on a full input.
+	backlogStart := time.Now()
+	if err := produce(ctx, work, 0, work.backlog, backlogEnd, inTopic, producer, v.produceMax, stats); err != nil {
+		t.Fatalf("backlog: %v", err)
+	}
+	t.Logf("backlog of %d records produced in %v", work.backlog, time.Since(backlogStart).Round(time.Millisecond))
+
+	fl := newFleet(t, bin, config, logDir, members, 1)
+	joiner := members // the slot of the member that joins and leaves
+	fl.startAll()
 	readyBy := time.Now().Add(90 * time.Second)
 	for !fl.ready() {
 		if crashes := fl.crashList(); len(crashes) > 0 {
@@ -146,26 +212,24 @@ pipelines:
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Logf("3 instances ready after %v", time.Since(began).Round(time.Millisecond))
+	t.Logf("%d members ready after %v", members, time.Since(began).Round(time.Millisecond))
 
-	// The load, the kills and the faults run together. gate serializes a
-	// kill with the Redis pause and the broker restart: before each of
-	// those the group must be Stable (so that the fault hits a running
-	// generation, not a rebalance), and after it the kills are held until
-	// the group has committed everything produced before the fault ended.
 	var (
-		gate      sync.Mutex
-		loadDone  = make(chan struct{})
-		wg        sync.WaitGroup
-		errMu     sync.Mutex
-		bgErrors  []string
-		events    []string
-		restarted bool
-		paused    bool
-		targeted  int // kills of an instance of a Stable group, mid-batch
-		recovered = map[string]time.Duration{}
+		loadDone = make(chan struct{})
+		wg       sync.WaitGroup
+		errMu    sync.Mutex
+		bgErrors []string
+		events   []string
+		inj      = &injected{}
+		// pick serializes the faults that pick a member, so that two
+		// never pick the same one.
+		pick sync.Mutex
 	)
 	loadStart := time.Now()
+	prog := newProgress(loadStart)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go prog.watch(watchCtx, client, group, inTopic, partitions)
 	event := func(format string, args ...any) {
 		errMu.Lock()
 		defer errMu.Unlock()
@@ -176,7 +240,8 @@ pipelines:
 		defer errMu.Unlock()
 		bgErrors = append(bgErrors, fmt.Sprintf(format, args...))
 	}
-	sleepUntil := func(d time.Duration) bool {
+	// at waits until d into the load; false when the load is over.
+	at := func(d time.Duration) bool {
 		select {
 		case <-loadDone:
 			return false
@@ -184,145 +249,282 @@ pipelines:
 			return true
 		}
 	}
+	// spread returns n moments spread over the load, a little jittered.
+	spread := func(n int, salt uint64, from, to float64) []time.Duration {
+		r := rand.New(rand.NewPCG(seed, salt))
+		var out []time.Duration
+		for i := range n {
+			f := from + (to-from)*(float64(i)+0.5)/float64(n)
+			f += (r.Float64() - 0.5) * (to - from) / float64(2*n)
+			out = append(out, time.Duration(f*float64(v.load)))
+		}
+		return out
+	}
+	choose := func(r *rand.Rand) (int, bool) {
+		run := fl.running()
+		if len(run) < 2 { // leave the group at least one member
+			return 0, false
+		}
+		return run[r.IntN(len(run))], true
+	}
 
-	// The producer.
-	stats := &producerStats{acked: map[int]bool{}}
+	// The stream: more keys while the group works through the backlog,
+	// the faults and the rolling restart (about 40 keys a second); it
+	// stops after the rolling restart.
+	streamCtx, stopStream := context.WithCancel(ctx)
+	defer stopStream()
 	producerErr := make(chan error, 1)
 	go func() {
-		out := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
-		producerErr <- produce(ctx, work, inTopic, out, v.produceMax, stats)
+		producerErr <- produce(streamCtx, work, work.backlog, len(work.records), backlogEnd, inTopic, producer, v.produceMax, stats)
 	}()
 
-	// The kills: a random instance every killMin..killMax. Every other kill
-	// (at random) first waits for a Stable group and a moment more, so that
-	// it lands in the middle of batches; the others land wherever they fall,
-	// often in the rebalance the previous kill started.
-	killRng := rand.New(rand.NewPCG(seed, 2))
+	// A fourth member joins and leaves gracefully (SIGTERM) all along: a
+	// rolling deploy, an autoscaler.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		r := rand.New(rand.NewPCG(seed, 3))
+		between := func(a, b time.Duration) time.Duration { return a + time.Duration(r.Int64N(int64(b-a)+1)) }
 		for {
-			pause := v.killMin + time.Duration(killRng.Int64N(int64(v.killMax-v.killMin)+1))
 			select {
 			case <-loadDone:
 				return
-			case <-time.After(pause):
+			case <-time.After(between(v.awayMin, v.awayMax)):
 			}
-			gate.Lock()
-			select {
-			case <-loadDone:
-				gate.Unlock()
-				return
-			default:
+			joinAt := time.Now()
+			fl.restart(joiner)
+			if !fl.waitReady(joiner, 60*time.Second) {
+				event("member %d did not join within 60s", joiner)
+			} else {
+				took := time.Since(joinAt)
+				inj.add(func(in *injected) { in.joins++; in.longestJoin = max(in.longestJoin, took) })
 			}
-			i := killRng.IntN(instances)
-			how := "during a rebalance or wherever it fell"
-			if killRng.IntN(2) == 0 && waitSettled(ctx, fl, client, group, 12*time.Second) {
-				time.Sleep(time.Duration(killRng.Int64N(int64(1500 * time.Millisecond))))
-				how = "of a Stable group"
-				errMu.Lock()
-				targeted++
-				errMu.Unlock()
+			stay := time.Now().Add(between(v.stayMin, v.stayMax))
+			mid := fl.waitInflight(joiner, time.Until(stay))
+			time.Sleep(time.Until(stay))
+			if !mid {
+				mid = fl.waitInflight(joiner, 0)
 			}
-			fl.kill(i)
-			event("SIGKILL instance %d (%s)", i, how)
-			time.Sleep(restartAfter/2 + time.Duration(killRng.Int64N(int64(restartAfter)))) // 0.5–1.5 s
-			fl.restart(i)
-			fl.ensureRunning()
-			gate.Unlock()
+			took, problem := fl.term(joiner, leaveBound)
+			if problem != "" {
+				fail("LEAVE: %s", problem)
+			}
+			inj.add(func(in *injected) {
+				in.leaves++
+				if mid {
+					in.leavesMid++
+				}
+				in.longestLeave = max(in.longestLeave, took)
+			})
+			event("member %d left (SIGTERM, mid-batch %v) and was gone after %v", joiner, mid, took.Round(time.Millisecond))
 		}
 	}()
 
-	// settle waits, with the kills held, for a running generation.
-	settle := func(fault string) {
-		if !waitSettled(ctx, fl, client, group, v.recovery) {
-			event("%s: the group did not settle within %v; injecting anyway", fault, v.recovery)
-		}
-	}
-	// recoverFrom waits, with the kills held, until the group has
-	// committed everything produced before the fault ended.
-	recoverFrom := func(fault string) {
-		target, err := endOffsets(ctx, client, inTopic, partitions, v.recovery)
-		if err != nil {
-			fail("after the %s: end offsets: %v", fault, err)
-			return
-		}
-		took, err := waitCommitted(ctx, client, group, inTopic, partitions, target, v.recovery)
-		errMu.Lock()
-		recovered[fault] = took
-		errMu.Unlock()
-		if err != nil {
-			fail("LIVENESS after the %s (no kill meanwhile): %v", fault, err)
-			event("%s: NOT recovered: %v", fault, err)
-			return
-		}
-		event("%s: group caught up in %v", fault, took.Round(time.Millisecond))
-	}
-
-	// The Redis pause and the broker restart.
+	// SIGKILLs of members, each waiting for its target to hold a batch.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if !sleepUntil(v.load / 5) {
+		r := rand.New(rand.NewPCG(seed, 2))
+		for _, when := range spread(v.kills, 4, 0.05, 0.95) {
+			if !at(when) {
+				return
+			}
+			pick.Lock()
+			i, ok := choose(r)
+			if !ok {
+				pick.Unlock()
+				event("SIGKILL skipped: fewer than two members running")
+				continue
+			}
+			mid := fl.waitInflight(i, midBatchWait)
+			fl.kill(i)
+			inj.add(func(in *injected) {
+				in.kills++
+				if mid {
+					in.killsMid++
+				}
+			})
+			event("SIGKILL member %d (mid-batch %v)", i, mid)
+			time.Sleep(restartAfter/2 + time.Duration(r.Int64N(int64(restartAfter))))
+			fl.restart(i)
+			pick.Unlock()
+		}
+	}()
+
+	// Zombies: a member frozen for longer than its lease, then let go on.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r := rand.New(rand.NewPCG(seed, 5))
+		for _, when := range spread(v.zombies, 6, 0.1, 0.55) {
+			if !at(when) {
+				return
+			}
+			pick.Lock()
+			i, ok := choose(r)
+			if !ok {
+				pick.Unlock()
+				event("SIGSTOP skipped: fewer than two members running")
+				continue
+			}
+			mid := fl.waitInflight(i, midBatchWait)
+			fl.freeze(i)
+			pick.Unlock()
+			event("SIGSTOP member %d for %v (mid-batch %v)", i, zombiePause, mid)
+			time.Sleep(zombiePause) // not cut short by the end of the load
+			fl.thaw(i)
+			inj.add(func(in *injected) {
+				in.zombies++
+				if mid {
+					in.zombieMid++
+				}
+			})
+			event("SIGCONT member %d", i)
+		}
+	}()
+
+	// Broker kills: SIGKILL of the leader of an output partition while
+	// results are being written (acks=all, two replicas must have it).
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r := rand.New(rand.NewPCG(seed, 7))
+		for _, when := range spread(v.brokerKills, 8, 0.3, 0.8) {
+			if !at(when) {
+				return
+			}
+			// The partition to hit: one whose results are being written
+			// right now (its end offset moves between two looks), so that
+			// the kill cuts writes in flight.
+			q, mid := writtenNow(ctx, client, outTopic, partitions, 30*time.Second)
+			if q < 0 {
+				q = r.IntN(partitions)
+			}
+			lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+			leader, err := cluster.Leader(lctx, outTopic, q)
+			lcancel()
+			if err != nil {
+				fail("broker kill: leader of %s/%d: %v", outTopic, q, err)
+				continue
+			}
+			if err := cluster.Kill(leader); err != nil {
+				fail("broker kill: %v", err)
+				continue
+			}
+			inj.add(func(in *injected) {
+				in.brokerKills++
+				if mid {
+					in.brokerMid++
+				}
+				in.brokerNodes = append(in.brokerNodes, fmt.Sprintf("node %d (leader of out/%d)", leader, q))
+			})
+			event("SIGKILL broker node %d, leader of output partition %d (results being written %v)", leader, q, mid)
+			time.Sleep(v.brokerDown)
+			if err := cluster.Start(leader); err != nil {
+				fail("broker restart: %v", err)
+				continue
+			}
+			back := time.Now()
+			for {
+				ictx, icancel := context.WithTimeout(ctx, 5*time.Second)
+				err := cluster.InSync(ictx, inTopic, outTopic, dlqTopic)
+				icancel()
+				if err == nil {
+					event("broker node %d up again, every replica in sync after %v", leader, time.Since(back).Round(time.Millisecond))
+					break
+				}
+				if time.Since(back) > 2*time.Minute {
+					event("broker node %d up again, replicas not in sync after 2m: %v", leader, err)
+					break
+				}
+				time.Sleep(250 * time.Millisecond)
+			}
+		}
+	}()
+
+	// Redis frozen once.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if !at(time.Duration(0.7 * float64(v.load))) {
 			return
 		}
-		gate.Lock()
-		settle("redis pause")
 		event("redis SIGSTOP for %v", redisPause)
 		redisSrv.Pause()
 		time.Sleep(redisPause)
 		redisSrv.Resume()
-		errMu.Lock()
-		paused = true
-		errMu.Unlock()
+		inj.add(func(in *injected) { in.redisPauses++ })
 		event("redis SIGCONT")
-		recoverFrom("redis pause")
-		gate.Unlock()
-
-		if !sleepUntil(v.load / 2) {
-			return
-		}
-		if script == nil {
-			event("broker restart skipped: %s", noRestart)
-			return
-		}
-		gate.Lock()
-		defer gate.Unlock()
-		settle("broker restart")
-		event("broker stop")
-		if out, err := script.run(90*time.Second, "stop"); err != nil {
-			fail("kafka.sh stop: %v: %s", err, out)
-		}
-		time.Sleep(2 * time.Second) // the broker stays down a moment
-		event("broker start")
-		if out, err := script.run(150*time.Second, "start"); err != nil {
-			fail("kafka.sh start: %v: %s", err, out)
-			return
-		}
-		errMu.Lock()
-		restarted = true
-		errMu.Unlock()
-		event("broker up")
-		recoverFrom("broker restart")
 	}()
-	// The load ends when the producer is done and the load time is over.
-	var perr error
-	select {
-	case perr = <-producerErr:
-	case <-time.After(v.load + v.produceMax + 3*time.Minute):
-		perr = fmt.Errorf("the producer did not finish")
-	}
+
 	if rest := time.Until(loadStart.Add(v.load)); rest > 0 {
 		time.Sleep(rest)
 	}
 	close(loadDone)
 	wg.Wait()
+	fl.ensureRunning()
+	event("faults over")
+
+	// Recovery: everything produced before the faults ended is committed
+	// within what a crash can explain.
+	for i := range members {
+		if !fl.waitReady(i, 90*time.Second) {
+			event("member %d not ready 90s after the faults", i)
+		}
+	}
+	qctx, qcancel := context.WithTimeout(ctx, 30*time.Second)
+	target, _, err := groupProgress(qctx, client, group, inTopic, partitions)
+	qcancel()
+	if err != nil {
+		fail("after the faults: end offsets: %v", err)
+	} else if took, err := waitCommitted(ctx, client, group, inTopic, partitions, target, stallMax); err != nil {
+		fail("LIVENESS after the faults: %v", err)
+		event("NOT caught up with the faults after %v", took.Round(time.Millisecond))
+	} else {
+		event("caught up with everything produced during the faults in %v", took.Round(time.Millisecond))
+	}
+
+	// A rolling restart under load, graceful only: each member in turn
+	// gets SIGTERM and a successor that joins before the next one goes.
+	rollFrom := time.Since(loadStart)
+	event("rolling restart begins")
+	for i := range members {
+		mid := fl.waitInflight(i, midBatchWait)
+		took, problem := fl.term(i, leaveBound)
+		if problem != "" {
+			fail("ROLLING RESTART: %s", problem)
+		}
+		fl.restart(i)
+		joinAt := time.Now()
+		ok := fl.waitReady(i, 60*time.Second)
+		event("rolling restart: member %d stopped in %v (mid-batch %v), successor ready %v after %v", i, took.Round(time.Millisecond), mid, ok, time.Since(joinAt).Round(time.Millisecond))
+		inj.add(func(in *injected) { in.rolling++ })
+	}
+	rollTo := time.Since(loadStart)
+	// The successors' first batches belong to the restart too.
+	time.Sleep(rollingStallMax)
+	rollStall := prog.longest(rollFrom, rollTo+rollingStallMax)
+	inj.add(func(in *injected) { in.rollingStall = rollStall })
+	if rollStall.length() > rollingStallMax {
+		fail("STALL during the rolling restart (graceful leaves and joins only): partition %d committed nothing from %.1fs to %.1fs (%v), bound %v",
+			rollStall.partition, rollStall.from.Seconds(), rollStall.to.Seconds(), rollStall.length().Round(100*time.Millisecond), rollingStallMax)
+	}
+
+	stopStream()
+	var perr error
+	select {
+	case perr = <-producerErr:
+		if errors.Is(perr, context.Canceled) && ctx.Err() == nil {
+			perr = nil // stopped on purpose
+		}
+	case <-time.After(v.produceMax):
+		perr = fmt.Errorf("the producer did not stop")
+	}
 	loadTook := time.Since(loadStart)
 	if perr != nil {
 		cancel()
 		t.Fatalf("producer: %v (acknowledged writes %d, failed %d, last error %s)\n%s", perr, stats.writes, stats.failures, stats.lastErr, fl.tail(20))
 	}
-	fl.ensureRunning()
 	kills, starts := fl.counts()
 	t.Logf("load over after %v: %d kills, %d starts; produce: %d writes, %d failed (%d records sent again), longest wait for an ack %v; last produce error: %s",
 		loadTook.Round(time.Millisecond), kills, starts, stats.writes, stats.failures, stats.retried, stats.maxStall.Round(time.Millisecond), stats.lastErr)
@@ -334,11 +536,16 @@ pipelines:
 	} else {
 		t.Logf("group committed the end of every input partition %v after the load", drainTook.Round(time.Millisecond))
 	}
+	stopWatch()
+	worst := prog.longest(0, time.Since(loadStart))
+	if worst.length() > stallMax {
+		t.Errorf("LIVENESS: partition %d committed nothing from %.1fs to %.1fs (%v): longer than a crash can explain (%v)",
+			worst.partition, worst.from.Seconds(), worst.to.Seconds(), worst.length().Round(100*time.Millisecond), stallMax)
+	}
 	if !fl.waitServing(30 * time.Second) {
 		t.Errorf("STOP: an instance does not answer /healthz 30s after its start\n%s", fl.tail(20))
 	}
-	stopProblems := fl.stopAll(30 * time.Second)
-	for _, p := range stopProblems {
+	for _, p := range fl.stopAll(30 * time.Second) {
 		t.Errorf("STOP: %s", p)
 	}
 	for _, c := range fl.crashList() {
@@ -352,9 +559,30 @@ pipelines:
 		t.Errorf("%s", e)
 	}
 	errMu.Unlock()
+	for _, s := range prog.over(15 * time.Second) {
+		t.Logf("stall: partition %d committed nothing from %.1fs to %.1fs (%v)", s.partition, s.from.Seconds(), s.to.Seconds(), s.length().Round(100*time.Millisecond))
+	}
+
+	// Every fault must have landed where it hurts, or the run proves less
+	// than it claims.
+	inj.mu.Lock()
+	for _, c := range []struct {
+		what      string
+		done, mid int
+	}{
+		{"SIGKILL of a member", inj.kills, inj.killsMid},
+		{"graceful leave", inj.leaves, inj.leavesMid},
+		{"SIGSTOP of a member", inj.zombies, inj.zombieMid},
+		{"SIGKILL of a broker", inj.brokerKills, inj.brokerMid}, // mid: while results were written
+	} {
+		if c.mid == 0 {
+			t.Errorf("INJECTION: no %s landed mid-batch (%d injected): the run does not prove what it claims", c.what, c.done)
+		}
+	}
+	inj.mu.Unlock()
 
 	// Judge from the topics.
-	rctx, rcancel := context.WithTimeout(ctx, 2*time.Minute)
+	rctx, rcancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer rcancel()
 	reader := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
 	input, err := readTopic(rctx, reader, inTopic)
@@ -397,11 +625,23 @@ pipelines:
 		}
 	}
 	t.Logf("instance log lines: %s", strings.Join(seen, " "))
-	summary := fmt.Sprintf("CHAOS %s: keys=%d input=%d (dup %d) results=%d first=%d replay=%d conflict=%d invalid=%d failed=%d "+
-		"dlq=%d (dup %d) cross-partition-results=%d kills=%d (mid-batch %d) redis-pause=%v broker-restart=%v recovery=%v load=%v drain=%v total=%v problems=%d seed=%d",
-		v.name, vd.keys, vd.inputs, vd.inputDups, vd.results, vd.first, vd.replay, vd.conflict, vd.invalid, vd.failed,
-		vd.dlqRecords, vd.dlqDups, vd.crossResults, kills, targeted, paused, restartedOr(restarted, noRestart), fmtRecovered(recovered),
-		loadTook.Round(time.Second), drainTook.Round(time.Second), time.Since(began).Round(time.Second), len(vd.problems), seed)
+
+	inj.mu.Lock()
+	injectedLine := fmt.Sprintf("injected: member SIGKILLs %d (mid-batch %d); graceful joins %d, leaves %d (mid-batch %d, longest exit %v, longest join %v); "+
+		"zombie SIGSTOPs %d of %v (mid-batch %d); broker SIGKILLs %d (during result writes %d: %s); redis pauses %d; rolling restart of %d members (longest stall %v)",
+		inj.kills, inj.killsMid, inj.joins, inj.leaves, inj.leavesMid, inj.longestLeave.Round(time.Millisecond), inj.longestJoin.Round(time.Millisecond),
+		inj.zombies, zombiePause, inj.zombieMid, inj.brokerKills, inj.brokerMid, strings.Join(inj.brokerNodes, ", "), inj.redisPauses,
+		inj.rolling, inj.rollingStall.length().Round(100*time.Millisecond))
+	inj.mu.Unlock()
+	verdictWord := "PASS"
+	if t.Failed() {
+		verdictWord = "FAIL"
+	}
+	summary := fmt.Sprintf("CHAOS %s: %s\nCHAOS %s verdict %s: keys=%d lost=%d duplicated=%d input=%d (dup %d) results=%d first=%d replay=%d conflict=%d invalid=%d failed=%d "+
+		"dlq=%d (dup %d) cross-partition-results=%d longest-stall=%v load=%v drain=%v total=%v problems=%d seed=%d",
+		v.name, injectedLine, v.name, verdictWord, vd.keys, vd.lost, vd.duplicated, vd.inputs, vd.inputDups, vd.results, vd.first, vd.replay, vd.conflict, vd.invalid, vd.failed,
+		vd.dlqRecords, vd.dlqDups, vd.crossResults, worst.length().Round(100*time.Millisecond), loadTook.Round(time.Second), drainTook.Round(time.Second),
+		time.Since(began).Round(time.Second), len(vd.problems), seed)
 	t.Log(summary)
 	if os.Getenv("IDEMSTREAM_CHAOS_LOGS") != "" {
 		report := summary + "\n" + strings.Join(vd.problems, "\n") + "\n"
@@ -416,27 +656,41 @@ pipelines:
 // made the instances do.
 var logMarkers = []string{
 	"rebalance: generation joined", "paused: decide", "paused: complete", "paused: write", "paused: scan", "paused: fetch",
-	"batch dropped without commit", "fenced", "offset commit failed", "committed offset out of range", "level=ERROR", "panic",
+	"outcome unknown", "batch abandoned", "revoked:", "batch dropped without commit", "fenced", "offset commit failed",
+	"committed offset out of range", "level=ERROR", "panic",
 }
 
-func restartedOr(done bool, why string) string {
-	if done {
-		return "true"
-	}
-	if why != "" {
-		return "skipped"
-	}
-	return "false"
-}
-
-func fmtRecovered(m map[string]time.Duration) string {
-	var parts []string
-	for _, k := range []string{"redis pause", "broker restart"} {
-		if d, ok := m[k]; ok {
-			parts = append(parts, strings.ReplaceAll(k, " ", "-")+":"+d.Round(100*time.Millisecond).String())
+// writtenNow polls the end offsets of topic until one partition's end
+// moves between two looks (records are being appended to it now) and
+// returns it, or -1 and false after timeout.
+func writtenNow(ctx context.Context, client *kafka.Client, topic string, partitions int, timeout time.Duration) (int, bool) {
+	deadline := time.Now().Add(timeout)
+	var prev map[int]int64
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		var reqs []kafka.OffsetRequest
+		for p := range partitions {
+			reqs = append(reqs, kafka.LastOffsetOf(p))
 		}
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		lo, err := client.ListOffsets(qctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+		cancel()
+		if err == nil {
+			cur := map[int]int64{}
+			for _, po := range lo.Topics[topic] {
+				if po.Error == nil {
+					cur[po.Partition] = po.LastOffset
+				}
+			}
+			for p, end := range cur {
+				if old, ok := prev[p]; ok && end > old {
+					return p, true
+				}
+			}
+			prev = cur
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return "[" + strings.Join(parts, ",") + "]"
+	return -1, false
 }
 
 // inspectKeys logs the stored state and the log lines of a few keys the

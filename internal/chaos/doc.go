@@ -1,41 +1,65 @@
 // Package chaos holds the system-level chaos test of idemstream: real OS
-// processes of `idemstream run` against the real Kafka broker and a real
-// redis-server, killed and disturbed while a stream of commands flows, and
-// then judged from the topics alone.
+// processes of `idemstream run` against a real, replicated Apache Kafka
+// cluster and a real redis-server, disturbed the way production disturbs
+// them while a backlog drains and more commands keep coming, and then
+// judged from the topics alone.
+//
+// Every timing is at its default. The test sets no pending_timeout (30s,
+// so a lease of 60s), no session timeout (10s) and no --settle-wait (30s,
+// the cluster's replica.lag.time.max.ms). Shorter timings hide failures:
+// with pending_timeout below the time a redelivery takes, a key left
+// PENDING by an interrupted batch is taken over before anybody decides it
+// on its stale state. The faults are sized against the defaults instead
+// (a zombie is frozen for longer than the 60s lease).
 //
 // What TestChaos does:
 //
-//   - builds the binary once (go build ./cmd/idemstream, without -race) and
-//     starts three `idemstream run` processes in one consumer group over a
-//     six-partition input topic, each with its own metrics port and a log
-//     file per instance;
-//   - uses a private redis-server with appendonly yes / appendfsync always;
-//   - produces a steady stream: N distinct UUID keys sent once each, plus
-//     volatile-only retries (only /client_time differs; some on another
-//     partition, some with the key in upper case, some with the amount
-//     spelled 5e1 or 50.0), about 3% conflicting copies (another amount),
-//     and a few invalid records (malformed JSON, no key header); the
-//     producer retries until acknowledged, so an ambiguous produce may
-//     duplicate an input record (a replay, counted from the input topic);
-//   - meanwhile SIGKILLs a random instance every few seconds and restarts it
-//     about a second later (every other kill first waits for a Stable group,
-//     so that it lands in the middle of batches), freezes Redis with SIGSTOP
-//     for 3 s once, and restarts the broker once (kafka.sh stop, 2 s down,
-//     kafka.sh start: same port, same data);
-//   - the broker it restarts is its own: when the servers were started by
-//     internal/testenv/scripts (IDEMSTREAM_TESTENV_DIR names their state and
-//     holds the broker's jars), the test starts a private broker with
-//     `kafka.sh up` in a temporary state directory (a few seconds) and stops
-//     it at the end, because `go test ./...` runs packages in parallel and a
-//     restart of the shared broker would break other packages' tests.
-//     Without IDEMSTREAM_TESTENV_DIR it uses IDEMSTREAM_TEST_KAFKA and skips
-//     the restart, saying so in the log;
-//   - after the Redis pause and after the broker restart, holds the kills
-//     until the group has committed everything produced before the fault
-//     ended: a partition that stalls without a rebalance to rescue it fails
-//     the test (liveness);
+//   - starts a private three-node KRaft cluster on loopback
+//     (testenv.StartKafkaCluster, scripts/kafka-cluster.sh: replication
+//     factor 3, min.insync.replicas=2, replica.lag.time.max.ms at its
+//     default, about 15-25 s to start on two cores) and a private
+//     redis-server with appendonly yes / appendfsync always; the single
+//     broker of the other tests is not touched;
+//   - builds the binary once (go build ./cmd/idemstream, without -race);
+//   - produces a backlog first (12,000 keys, about 18,000 records in the
+//     short variant): distinct UUID keys, about 35% with volatile-only
+//     retries (only /client_time differs; some on another partition, some
+//     with the key in upper case, some with the amount spelled 50.0 or
+//     50e0, some with members reordered), about 3% with a conflicting copy
+//     (another amount), and a few invalid records (malformed JSON, no key
+//     header); then starts three `idemstream run` members in one group
+//     over the six input partitions, and keeps streaming more keys of the
+//     same mix (about 40 a second) while they work, until the rolling
+//     restart below is over;
+//   - a fourth member joins and leaves with SIGTERM every few seconds, all
+//     through the load (a rolling deploy, an autoscaler): each leave must
+//     end with exit status 0 within 30s;
+//   - SIGKILLs members (restarted about a second later), freezes a member
+//     with SIGSTOP for longer than its lease and lets it continue (a
+//     zombie whose keys were taken over meanwhile), SIGKILLs the broker
+//     that leads an output partition while results are being appended to
+//     it (its end offset moves between two looks; acks=all with two
+//     replicas in sync, so writes of unknown outcome are real, not
+//     simulated) and starts it again after a few seconds, and freezes
+//     Redis for 3s once. Before each member kill, freeze and leave it
+//     waits (up to 5s) for the target to hold records in flight
+//     (idemstream_inflight_records > 0), and counts the fault as mid-batch
+//     when it did; a fault type that never landed mid-batch (for a broker:
+//     during result writes) fails the test;
+//   - once the faults are over, requires the group to commit everything
+//     produced until then within what a crash can explain (lease + settle
+//     wait + session timeout + 30s);
+//   - then restarts the three members one by one with SIGTERM, each
+//     successor joining before the next member goes, while the stream
+//     goes on: no partition may stall (stay behind its end without its
+//     committed offset moving) for more than 15s during this graceful
+//     rolling restart; at no time may a partition stall for longer than
+//     a crash can explain (lease + settle wait + session timeout + 30s);
+//   - a member that exits by itself fails the test (CRASH, with its exit
+//     status) and is started again a second later, as a supervisor would,
+//     so that the run goes on proving what it can;
 //   - waits until the group's committed offsets reach the end of every
-//     input partition, stops the instances with SIGTERM (each must exit 0);
+//     input partition, stops the members with SIGTERM (each must exit 0);
 //   - reads the input, output and DLQ topics in full and checks: every key
 //     has exactly one result, none lost; the result's source is an input
 //     record of that key with that value; every input record whose body
@@ -44,31 +68,43 @@
 //     body is not; every invalid record is in the DLQ with its reason; and
 //     first + replay + conflict + invalid + failed = records in the input
 //     topic, where first = distinct result sources, conflict/invalid/failed =
-//     distinct DLQ sources by reason, replay = every other input record.
+//     distinct DLQ sources by reason, replay = every other input record;
+//   - prints what it injected (member kills and how many mid-batch, joins
+//     and leaves, zombie pauses, broker kills and which node, Redis pauses,
+//     the rolling restart and its longest stall) and the verdict (keys
+//     lost, results duplicated, the identity). For a key it flags it logs
+//     `idemstream inspect` (the stored state) and the instance log lines
+//     that name it.
 //
 // Dead letters are written at least once: a DLQ write retried after an
 // ambiguous error, or a batch read again after it was dropped (fenced),
-// may append the same dead letter twice. The test counts
-// dead letters by their idemstream-source (distinct sources), requires the
-// copies of one source to agree on the reason, and reports how many
-// duplicates it saw. Results, in contrast, must never be duplicated.
+// may append the same dead letter twice. The test counts dead letters by
+// their idemstream-source (distinct sources), requires the copies of one
+// source to agree on the reason, and reports how many duplicates it saw.
+// Results, in contrast, must never be duplicated. The producer of the test
+// retries until acknowledged, so an ambiguous produce may duplicate an
+// input record; that copy is a replay, counted from the input topic.
 //
-// Two variants. CI runs the short one as part of `go test ./...` (2,000
-// keys, 75 s of load, about 8 kills; under two minutes on 2 cores with
-// -race, much of it waiting for rebalances: a SIGKILLed member holds its
-// partitions until its 10 s session times out). The full one is for the
-// Makefile or by hand:
+// Two variants. `go test ./...` (make test) runs the short one: a
+// backlog of 12,000 keys, faults for 130s (3 member kills, a zombie, a
+// broker kill, a Redis pause, a join and a leave every few seconds), then
+// the recovery, the rolling restart and the drain; about 5-7 minutes on
+// two loaded cores, about 25,000 keys in all. The full one is `make
+// chaos`:
 //
-//	IDEMSTREAM_CHAOS=full go test -count=1 -run Chaos -v -timeout 30m ./internal/chaos/
+//	IDEMSTREAM_REQUIRE_SERVERS=1 IDEMSTREAM_CHAOS=full go test -count=1 -race -run TestChaos -v -timeout 45m ./internal/chaos/
 //
-// (10,000 keys, 4 minutes of load, a kill every 2–5 s). With the real servers of
-// the test suite, from the module root:
-//
-//	bash -c 'source internal/testenv/scripts/servers.sh; servers_start; export IDEMSTREAM_REQUIRE_SERVERS=1; IDEMSTREAM_CHAOS=full go test -count=1 -race -run Chaos -v -timeout 30m ./internal/chaos/; servers_stop'
-//
+// (a backlog of 30,000 keys, about 45,000 records, faults for 6 minutes:
+// 8 member kills, 2 zombies, 3 broker kills; 45,000-50,000 keys in all).
 // Other knobs: IDEMSTREAM_CHAOS_SEED=N replays a run's random choices (the
 // seed is logged; the fault timing still depends on the machine), and
 // IDEMSTREAM_CHAOS_LOGS=DIR keeps the instance logs, the config and a
 // verification report in DIR instead of a temporary directory. `go test
 // -short` skips the test.
+//
+// The liveness bounds judge each continuous stall of a partition. Faults
+// that follow each other closely (a kill while a frozen member's keys
+// still wait for their lease, rebalances every few seconds meanwhile) add
+// up into one stall; the full variant spaces its member kills about 45s
+// apart for that reason.
 package chaos

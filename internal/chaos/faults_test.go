@@ -3,90 +3,13 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"strings"
-	"testing"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
-
-	"github.com/idemstream/idemstream/internal/testenv"
 )
-
-// brokerScript is kafka.sh with the state directory of one broker.
-type brokerScript struct {
-	path string
-	dir  string               // its IDEMSTREAM_TESTENV_DIR
-	k    *testenv.KafkaServer // instead of the script: a broker in a container
-}
-
-// chaosBroker returns the broker of the test and the script that restarts
-// it, or why the restart must be skipped.
-//
-// When the test servers were started by internal/testenv/scripts
-// (IDEMSTREAM_TESTENV_DIR names their state, with the broker's jars), the
-// test starts a private broker with the same script and jars (`kafka.sh up`
-// in a temporary state directory, a few seconds) and restarts that one:
-// `go test ./...` runs packages in parallel, and restarting the shared
-// broker would break the tests of other packages that use it meanwhile.
-// Otherwise it uses the shared broker (IDEMSTREAM_TEST_KAFKA) and skips
-// the restart.
-func chaosBroker(t *testing.T, root string) ([]string, *brokerScript, string) {
-	t.Helper()
-	if os.Getenv(testenv.KafkaEnv) == "" && testenv.ServerSource(t) == testenv.Containers {
-		k := testenv.StartKafka(t)
-		return k.Brokers, &brokerScript{k: k, dir: "a container"}, ""
-	}
-	script := filepath.Join(root, "internal", "testenv", "scripts", "kafka.sh")
-	shared := os.Getenv("IDEMSTREAM_TESTENV_DIR")
-	if shared == "" {
-		return testenv.KafkaBrokers(t), nil, "IDEMSTREAM_TESTENV_DIR is not set: the broker of IDEMSTREAM_TEST_KAFKA was not started by internal/testenv/scripts, and the test has no jars to start its own"
-	}
-	libs := filepath.Join(shared, "kafka-libs")
-	if st, err := os.Stat(libs); err != nil || !st.IsDir() {
-		return testenv.KafkaBrokers(t), nil, fmt.Sprintf("%s has no kafka-libs: no jars to start a private broker with", shared)
-	}
-	libs, _ = filepath.Abs(libs)
-	dir := t.TempDir()
-	if err := os.Symlink(libs, filepath.Join(dir, "kafka-libs")); err != nil {
-		t.Fatal(err)
-	}
-	s := &brokerScript{path: script, dir: dir}
-	t.Cleanup(func() {
-		if out, err := s.run(60*time.Second, "stop"); err != nil {
-			t.Errorf("kafka.sh stop of the private broker: %v: %s", err, out)
-		}
-	})
-	if out, err := s.run(150*time.Second, "up"); err != nil {
-		t.Fatalf("kafka.sh up (private broker in %s): %v\n%s", dir, err, out)
-	}
-	out, err := s.run(10*time.Second, "addr")
-	if err != nil {
-		t.Fatalf("kafka.sh addr: %v: %s", err, out)
-	}
-	return []string{strings.TrimSpace(out)}, s, ""
-}
-
-func (s *brokerScript) run(timeout time.Duration, args ...string) (string, error) {
-	if s.k != nil {
-		switch args[0] {
-		case "stop":
-			return "", s.k.Stop()
-		case "start":
-			return "", s.k.Start()
-		}
-		return "", fmt.Errorf("%s: not supported on a broker in a container", args[0])
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", append([]string{s.path}, args...)...)
-	cmd.Env = append(os.Environ(), "IDEMSTREAM_TESTENV_DIR="+s.dir)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
 
 // groupProgress reads the end offsets of topic and the group's committed
 // offsets.
@@ -169,76 +92,102 @@ func waitCommitted(ctx context.Context, client *kafka.Client, group, topic strin
 	}
 }
 
-// endOffsets reads the end of every partition, retrying while the broker
-// is coming back.
-func endOffsets(ctx context.Context, client *kafka.Client, topic string, partitions int, timeout time.Duration) (map[int]int64, error) {
-	start := time.Now()
+// progress watches the group's committed offsets and records stalls: the
+// time a partition spent behind its end offset without its committed
+// offset moving.
+type progress struct {
+	mu     sync.Mutex
+	start  time.Time
+	since  map[int]time.Time // last advance, or last seen caught up
+	last   map[int]int64
+	stalls []stall // closed stalls longer than stallNoise
+	polls  int
+}
+
+type stall struct {
+	partition int
+	from, to  time.Duration // since start
+}
+
+func (s stall) length() time.Duration { return s.to - s.from }
+
+const stallNoise = 2 * time.Second
+
+func newProgress(start time.Time) *progress {
+	return &progress{start: start, since: map[int]time.Time{}, last: map[int]int64{}}
+}
+
+// watch polls every interval until ctx ends.
+func (pg *progress) watch(ctx context.Context, client *kafka.Client, group, topic string, partitions int) {
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
 	for {
-		var reqs []kafka.OffsetRequest
-		for p := range partitions {
-			reqs = append(reqs, kafka.LastOffsetOf(p))
-		}
-		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		lo, err := client.ListOffsets(qctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+		qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		ends, committed, err := groupProgress(qctx, client, group, topic, partitions)
 		cancel()
 		if err == nil {
-			out := map[int]int64{}
-			for _, po := range lo.Topics[topic] {
-				if po.Error == nil {
-					out[po.Partition] = po.LastOffset
-				}
-			}
-			if len(out) == partitions {
-				return out, nil
-			}
-			err = fmt.Errorf("end offsets of %d partitions of %d", len(out), partitions)
-		}
-		if time.Since(start) > timeout {
-			return nil, err
+			pg.observe(time.Now(), ends, committed)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(250 * time.Millisecond):
+			return
+		case <-tick.C:
 		}
 	}
 }
 
-// groupStable reports whether the group is Stable with n members, each
-// with an assignment: a generation is running, no rebalance is pending.
-func groupStable(ctx context.Context, client *kafka.Client, group string, n int) bool {
-	qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	res, err := client.DescribeGroups(qctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
-	if err != nil || len(res.Groups) != 1 {
-		return false
-	}
-	g := res.Groups[0]
-	if g.Error != nil || g.GroupState != "Stable" || len(g.Members) != n {
-		return false
-	}
-	for _, m := range g.Members {
-		if len(m.MemberAssignments.Topics) == 0 {
-			return false
+func (pg *progress) observe(now time.Time, ends, committed map[int]int64) {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	pg.polls++
+	for p, c := range committed {
+		since, seen := pg.since[p]
+		switch {
+		case !seen:
+			pg.since[p] = now
+		case c > pg.last[p] || c >= ends[p]:
+			if d := now.Sub(since); d > stallNoise {
+				pg.stalls = append(pg.stalls, stall{partition: p, from: since.Sub(pg.start), to: now.Sub(pg.start)})
+			}
+			pg.since[p] = now
 		}
+		pg.last[p] = c
 	}
-	return true
 }
 
-// waitSettled polls until a generation runs with every instance in it:
-// each instance answers /readyz (a restarted one only once it has joined,
-// which waits for the killed member's session to time out) and the group
-// is Stable. Stable alone is not enough: right after a restart the group
-// is still Stable with the dead member, until the new one's JoinGroup.
-func waitSettled(ctx context.Context, fl *fleet, client *kafka.Client, group string, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if fl.ready() && groupStable(ctx, client, group, len(fl.slots)) {
-			return true
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		time.Sleep(200 * time.Millisecond)
+// longest returns the longest stall inside [from, to] (since start), open
+// stalls included, each cut to the window.
+func (pg *progress) longest(from, to time.Duration) stall {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	all := append([]stall(nil), pg.stalls...)
+	now := time.Since(pg.start)
+	for p, since := range pg.since {
+		all = append(all, stall{partition: p, from: since.Sub(pg.start), to: now})
 	}
+	var best stall
+	for _, s := range all {
+		if s.to < from || s.from > to {
+			continue
+		}
+		// Only the part inside the window counts.
+		s.from, s.to = max(s.from, from), min(s.to, to)
+		if s.length() > best.length() {
+			best = s
+		}
+	}
+	return best
+}
+
+// over lists the closed stalls longer than d.
+func (pg *progress) over(d time.Duration) []stall {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	var out []stall
+	for _, s := range pg.stalls {
+		if s.length() > d {
+			out = append(out, s)
+		}
+	}
+	return out
 }

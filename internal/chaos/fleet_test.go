@@ -74,14 +74,17 @@ type proc struct {
 	killed bool  // we sent SIGKILL or SIGTERM
 }
 
-// slot is one of the three instances, restarted as often as it is killed,
-// always with the same config, metrics port and log file.
+// slot is one instance, restarted as often as it is killed, always with
+// the same config, metrics port and log file. An optional slot (the member
+// that joins and leaves) runs only when the test starts it.
 type slot struct {
-	id      int
-	addr    string
-	logPath string
-	starts  int
-	cur     *proc
+	id       int
+	addr     string
+	logPath  string
+	starts   int
+	cur      *proc
+	optional bool
+	paused   bool // SIGSTOPped
 }
 
 type fleet struct {
@@ -96,10 +99,13 @@ type fleet struct {
 	stopped bool
 }
 
-func newFleet(t *testing.T, bin, config, logDir string, n int) *fleet {
+// newFleet makes n instances that always run, and optional more that run
+// only when started (join) and stopped again (leave).
+func newFleet(t *testing.T, bin, config, logDir string, n, optional int) *fleet {
 	f := &fleet{t: t, bin: bin, config: config}
-	for i := range n {
-		f.slots = append(f.slots, &slot{id: i, addr: testenv.FreeAddr(t), logPath: filepath.Join(logDir, fmt.Sprintf("instance-%d.log", i))})
+	for i := range n + optional {
+		f.slots = append(f.slots, &slot{id: i, addr: testenv.FreeAddr(t), logPath: filepath.Join(logDir, fmt.Sprintf("instance-%d.log", i)),
+			optional: i >= n})
 	}
 	t.Cleanup(f.killAll)
 	return f
@@ -112,18 +118,21 @@ func (f *fleet) start(s *slot) {
 	f.starts++
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		f.t.Fatalf("instance %d log: %v", s.id, err)
+		f.t.Errorf("instance %d log: %v", s.id, err) // not Fatalf: called from the fault goroutines too
+		return
 	}
 	defer logf.Close() // the child keeps its own descriptor
 	fmt.Fprintf(logf, "==== chaos: start %d of instance %d at %s\n", s.starts, s.id, time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command(f.bin, "run", "--config", f.config, "--metrics-addr", s.addr,
-		"--settle-wait", "2s", "--log-format", "text")
+	// Every timing at its default: --settle-wait (30s, the cluster's
+	// replica.lag.time.max.ms), pending_timeout, the session timeout.
+	cmd := exec.Command(f.bin, "run", "--config", f.config, "--metrics-addr", s.addr, "--log-format", "text")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = childEnv()
 	// Should this test process die, its instances die with it.
 	cmd.SysProcAttr = testenv.ChildProcAttr()
 	if err := cmd.Start(); err != nil {
-		f.t.Fatalf("start instance %d: %v", s.id, err)
+		f.t.Errorf("start instance %d: %v", s.id, err)
+		return
 	}
 	p := &proc{cmd: cmd, done: make(chan struct{})}
 	s.cur = p
@@ -136,6 +145,14 @@ func (f *fleet) start(s *slot) {
 		}
 		f.mu.Unlock()
 		close(p.done)
+		if unexpected && !s.optional {
+			// As a supervisor would (systemd, Kubernetes): the crash is
+			// reported, and the member comes back, so that the run goes on
+			// proving what it can.
+			appendLog(s.logPath, fmt.Sprintf("==== chaos: instance %d (pid %d) exited by itself (%v); restarting it\n", s.id, cmd.Process.Pid, p.err))
+			time.Sleep(restartAfter)
+			f.restart(s.id)
+		}
 	}()
 }
 
@@ -143,7 +160,9 @@ func (f *fleet) startAll() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, s := range f.slots {
-		f.start(s)
+		if !s.optional {
+			f.start(s)
+		}
 	}
 }
 
@@ -188,11 +207,165 @@ func (f *fleet) restart(i int) {
 }
 
 // ensureRunning restarts every instance that is not running (one that
-// exited by itself is reported by crashes, and restarted here).
+// exited by itself is reported by crashes, and restarted here), except the
+// optional ones.
 func (f *fleet) ensureRunning() {
-	for i := range f.slots {
-		f.restart(i)
+	for i, s := range f.slots {
+		if !s.optional {
+			f.restart(i)
+		}
 	}
+}
+
+// term stops slot i gracefully (SIGTERM) and waits up to timeout for it to
+// exit; it returns how long that took and a problem when it did not exit
+// with status 0 in time (then it is SIGKILLed).
+func (f *fleet) term(i int, timeout time.Duration) (time.Duration, string) {
+	f.mu.Lock()
+	s := f.slots[i]
+	p := s.cur
+	if p == nil || f.stopped {
+		f.mu.Unlock()
+		return 0, ""
+	}
+	select {
+	case <-p.done:
+		// It exited by itself before the signal: a crash, reported as such.
+		f.mu.Unlock()
+		return 0, ""
+	default:
+	}
+	p.killed = true
+	began := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	f.mu.Unlock()
+	appendLog(s.logPath, fmt.Sprintf("==== chaos: SIGTERM of instance %d (pid %d) at %s\n", s.id, p.cmd.Process.Pid, began.Format(time.RFC3339Nano)))
+	problem := ""
+	select {
+	case <-p.done:
+		if p.err != nil {
+			problem = fmt.Sprintf("instance %d (pid %d): exit after SIGTERM: %v", s.id, p.cmd.Process.Pid, p.err)
+		}
+	case <-time.After(timeout):
+		problem = fmt.Sprintf("instance %d (pid %d): still running %v after SIGTERM; killed", s.id, p.cmd.Process.Pid, timeout)
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+	took := time.Since(began)
+	f.mu.Lock()
+	if s.cur == p {
+		s.cur = nil
+	}
+	f.mu.Unlock()
+	return took, problem
+}
+
+// freeze SIGSTOPs slot i: the process keeps its sockets and its state,
+// and answers nothing (a long GC pause, a frozen VM); thaw lets it go on.
+func (f *fleet) freeze(i int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := f.slots[i]
+	if s.cur == nil || f.stopped {
+		return
+	}
+	_ = s.cur.cmd.Process.Signal(syscall.SIGSTOP)
+	s.paused = true
+	appendLog(s.logPath, fmt.Sprintf("==== chaos: SIGSTOP of instance %d (pid %d) at %s\n", s.id, s.cur.cmd.Process.Pid, time.Now().Format(time.RFC3339Nano)))
+}
+
+func (f *fleet) thaw(i int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := f.slots[i]
+	if s.cur == nil {
+		s.paused = false
+		return
+	}
+	_ = s.cur.cmd.Process.Signal(syscall.SIGCONT)
+	s.paused = false
+	appendLog(s.logPath, fmt.Sprintf("==== chaos: SIGCONT of instance %d (pid %d) at %s\n", s.id, s.cur.cmd.Process.Pid, time.Now().Format(time.RFC3339Nano)))
+}
+
+// running lists the slots (not optional) that run and are not frozen.
+func (f *fleet) running() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []int
+	for i, s := range f.slots {
+		if s.optional || s.cur == nil || s.paused {
+			continue
+		}
+		select {
+		case <-s.cur.done:
+		default:
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// inflight reads slot i's idemstream_inflight_records: records fetched
+// and not yet committed or dropped, so > 0 means a batch is in hand.
+func (f *fleet) inflight(i int) (float64, bool) {
+	client := &http.Client{Timeout: time.Second}
+	resp, err := client.Get("http://" + f.slots[i].addr + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "idemstream_inflight_records{") {
+			var v float64
+			if _, err := fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &v); err == nil {
+				return v, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// waitInflight polls slot i until it holds records in flight, up to
+// timeout; it reports whether it did.
+func (f *fleet) waitInflight(i int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if n, ok := f.inflight(i); ok && n > 0 {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// readyOne reports whether slot i answers /readyz with 200.
+func (f *fleet) readyOne(i int) bool {
+	client := &http.Client{Timeout: time.Second}
+	resp, err := client.Get("http://" + f.slots[i].addr + "/readyz")
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// waitReady polls until slot i is ready (a member of a generation), up to
+// timeout.
+func (f *fleet) waitReady(i int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for !f.readyOne(i) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return true
 }
 
 // stopAll sends SIGTERM to every instance and waits for each to exit;
@@ -205,6 +378,8 @@ func (f *fleet) stopAll(timeout time.Duration) []string {
 	for _, s := range f.slots {
 		if s.cur != nil {
 			s.cur.killed = true
+			_ = s.cur.cmd.Process.Signal(syscall.SIGCONT)
+			s.paused = false
 			_ = s.cur.cmd.Process.Signal(syscall.SIGTERM)
 			procs = append(procs, s.cur)
 			slots = append(slots, s)
@@ -258,17 +433,11 @@ func (f *fleet) counts() (kills, starts int) {
 	return f.kills, f.starts
 }
 
-// ready reports whether every instance answers /readyz with 200.
+// ready reports whether every instance that always runs answers /readyz
+// with 200.
 func (f *fleet) ready() bool {
-	client := &http.Client{Timeout: time.Second}
-	for _, s := range f.slots {
-		resp, err := client.Get("http://" + s.addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
+	for i, s := range f.slots {
+		if !s.optional && !f.readyOne(i) {
 			return false
 		}
 	}
@@ -357,6 +526,9 @@ func (f *fleet) waitServing(timeout time.Duration) bool {
 	client := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(timeout)
 	for _, s := range f.slots {
+		if s.optional {
+			continue
+		}
 		for {
 			resp, err := client.Get("http://" + s.addr + "/healthz")
 			if err == nil {

@@ -50,6 +50,8 @@ type verdict struct {
 	inputDups    int // input records that repeat a seq (ambiguous produce retries)
 	missingSeqs  int // acknowledged seqs not in the input (must be 0)
 	crossResults int // results whose source is on another partition than the key's original
+	lost         int // keys with a valid record and no result
+	duplicated   int // results beyond the first of their key
 	problems     []string
 	badKeys      map[string]bool
 }
@@ -131,6 +133,7 @@ func judge(canon *dedupe.Canonicalizer, input, output, dlq []sinks.Fetched, acke
 		key, src, fp := hv(res, sinks.HeaderKey), hv(res, sinks.HeaderSource), hv(res, sinks.HeaderFingerprint)
 		where := fmt.Sprintf("result %s (key %s, source %s)", source(res), key, src)
 		if prev, dup := resultOf[key]; dup {
+			v.duplicated++
 			v.problem(key, "%s written %s: DUPLICATE result for key %s: also %s written %s (source %s); input records of the key: %s",
 				where, res.Time.Format("15:04:05.000"), key, source(prev), prev.Time.Format("15:04:05.000"), hv(prev, sinks.HeaderSource), describe(byKey[key]))
 			continue
@@ -161,6 +164,7 @@ func judge(canon *dedupe.Canonicalizer, input, output, dlq []sinks.Fetched, acke
 	v.first = len(resultSrc)
 	for key := range byKey {
 		if resultOf[key] == nil {
+			v.lost++
 			v.problem(key, "key %s: LOST: no result (input records: %s)", key, describe(byKey[key]))
 		}
 	}

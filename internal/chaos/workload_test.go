@@ -41,13 +41,20 @@ type planned struct {
 type workload struct {
 	keys    int
 	records []planned // sorted by at
+	backlog int       // records[:backlog] are the backlog, sent before the group starts
 	byKind  map[string]int
 }
 
-// newWorkload plans the load: keys spread evenly over the duration, each
-// followed by its retries and conflicting copies within a few seconds.
+// backlogEnd is where the backlog's schedule ends: its keys fall in the
+// first second, their copies within three more.
+const backlogEnd = 4 * time.Second
+
+// newWorkload plans the load: the backlog's keys all at once (with their
+// copies), then the streamed keys spread evenly over the stream's span,
+// each followed by its retries and conflicting copies within a few
+// seconds.
 func newWorkload(rng *rand.Rand, v variant, partitions int) *workload {
-	w := &workload{keys: v.keys, byKind: map[string]int{}}
+	w := &workload{keys: v.backlogKeys + v.streamKeys, byKind: map[string]int{}}
 	seq := 0
 	add := func(at time.Duration, kind, key string, partition int, body string) {
 		w.records = append(w.records, planned{seq: seq, at: at, kind: kind, key: key, partition: partition, body: body})
@@ -58,10 +65,13 @@ func newWorkload(rng *rand.Rand, v variant, partitions int) *workload {
 		return time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC).Add(at).Format("15:04:05.000") + "#" + strconv.Itoa(n)
 	}
 	other := func(p int) int { return (p + 1 + rng.IntN(partitions-1)) % partitions }
-	spread := v.load - 4*time.Second // the last copies still fall inside the load
-	for i := range v.keys {
+	spread := v.stream - 4*time.Second // the last copies still fall inside the stream
+	for i := range w.keys {
 		key := uuid(rng)
-		at := time.Duration(int64(spread) * int64(i) / int64(v.keys))
+		at := time.Duration(int64(time.Second) * int64(i) / int64(max(v.backlogKeys, 1)))
+		if i >= v.backlogKeys {
+			at = backlogEnd + time.Duration(int64(spread)*int64(i-v.backlogKeys)/int64(max(v.streamKeys, 1)))
+		}
 		home := rng.IntN(partitions)
 		amount := 10 + rng.IntN(90)
 		coupon := rng.IntN(1_000_000)
@@ -116,8 +126,8 @@ func newWorkload(rng *rand.Rand, v variant, partitions int) *workload {
 	}
 	// A few invalid records: 0.5% of the keys' count, half malformed, half
 	// without a key header.
-	for i := range max(2, v.keys/200) {
-		at := time.Duration(rng.Int64N(int64(spread)))
+	for i := range max(2, w.keys/200) {
+		at := time.Duration(rng.Int64N(int64(backlogEnd + spread)))
 		if i%2 == 0 {
 			add(at, kindInvalid, uuid(rng), rng.IntN(partitions), `{"coupon_id":1,"amount":`)
 		} else {
@@ -125,6 +135,7 @@ func newWorkload(rng *rand.Rand, v variant, partitions int) *workload {
 		}
 	}
 	sort.SliceStable(w.records, func(i, j int) bool { return w.records[i].at < w.records[j].at })
+	w.backlog = sort.Search(len(w.records), func(i int) bool { return w.records[i].at >= backlogEnd })
 	return w
 }
 
@@ -154,15 +165,19 @@ type producerStats struct {
 // failed batch is sent whole again: records of it that were appended
 // before the failure are then in the input twice, which the verification
 // counts from the input topic (they are replays).
-func produce(ctx context.Context, w *workload, topic string, out *sinks.Kafka, batchDeadline time.Duration, stats *producerStats) error {
-	start := time.Now()
-	next := 0
+//
+// It sends records[from:to], each at its planned moment less base after
+// the call.
+func produce(ctx context.Context, w *workload, from, to int, base time.Duration, topic string, out *sinks.Kafka, batchDeadline time.Duration, stats *producerStats) error {
+	start := time.Now().Add(-base)
+	next := from
+	records := w.records[:to]
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	for next < len(w.records) {
+	for next < len(records) {
 		elapsed := time.Since(start)
 		end := next
-		for end < len(w.records) && w.records[end].at <= elapsed && end-next < 500 {
+		for end < len(records) && records[end].at <= elapsed && end-next < 500 {
 			end++
 		}
 		if end > next {
@@ -178,7 +193,7 @@ func produce(ctx context.Context, w *workload, topic string, out *sinks.Kafka, b
 				msgs = append(msgs, sinks.Message{Topic: topic, Partition: r.partition, Value: []byte(r.body), Headers: hs})
 			}
 			if err := writeRetrying(ctx, out, msgs, batchDeadline, stats); err != nil {
-				return fmt.Errorf("records %d..%d of %d: %w", next, end-1, len(w.records), err)
+				return fmt.Errorf("records %d..%d of %d: %w", next, end-1, len(records), err)
 			}
 			stats.mu.Lock()
 			for _, r := range w.records[next:end] {

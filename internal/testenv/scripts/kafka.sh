@@ -369,6 +369,11 @@ do_kill() {
   rm -f "$dir/kafka.pid"
 }
 
+# kafka-cluster.sh sources this file for its helpers (java, jars, probe).
+if [ -n "${KAFKA_SH_LIBRARY:-}" ]; then
+  return 0
+fi
+
 case "${1:-}" in
   up) do_up ;;
   start) do_start ;;
