@@ -16,6 +16,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemstream/idemstream/consumer"
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/internal/testenv"
 	"github.com/idemstream/idemstream/sinks"
@@ -60,10 +61,10 @@ const (
 
 	// The defaults of `idemstream run` that the faults are sized against:
 	// pending_timeout 30s makes a lease of 60s; the session timeout is 10s;
-	// --settle-wait is 30s, the cluster's replica.lag.time.max.ms.
+	// --settle-wait is 45s, 1.5 × the cluster's replica.lag.time.max.ms.
 	lease          = 60 * time.Second
 	sessionTimeout = 10 * time.Second
-	settleWait     = 30 * time.Second
+	settleWait     = consumer.DefaultSettleWait
 	// A zombie is frozen for longer than its lease: its successor has
 	// taken its keys over by the time it runs again.
 	zombiePause = lease + 8*time.Second

@@ -5,8 +5,8 @@
 // judged from the topics alone.
 //
 // Every timing is at its default. The test sets no pending_timeout (30s,
-// so a lease of 60s), no session timeout (10s) and no --settle-wait (30s,
-// the cluster's replica.lag.time.max.ms). Shorter timings hide failures:
+// so a lease of 60s), no session timeout (10s) and no --settle-wait (45s,
+// 1.5 × the cluster's replica.lag.time.max.ms). Shorter timings hide failures:
 // with pending_timeout below the time a redelivery takes, a key left
 // PENDING by an interrupted batch is taken over before anybody decides it
 // on its stale state. The faults are sized against the defaults instead

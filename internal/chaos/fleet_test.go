@@ -123,8 +123,9 @@ func (f *fleet) start(s *slot) {
 	}
 	defer logf.Close() // the child keeps its own descriptor
 	fmt.Fprintf(logf, "==== chaos: start %d of instance %d at %s\n", s.starts, s.id, time.Now().Format(time.RFC3339Nano))
-	// Every timing at its default: --settle-wait (30s, the cluster's
-	// replica.lag.time.max.ms), pending_timeout, the session timeout.
+	// Every timing at its default: --settle-wait (45s, 1.5 × the
+	// cluster's replica.lag.time.max.ms), pending_timeout, the session
+	// timeout.
 	cmd := exec.Command(f.bin, "run", "--config", f.config, "--metrics-addr", s.addr, "--log-format", "text")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = childEnv()
