@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/idemstream/idemstream/internal/testenv"
 )
 
 const partitions = 6
@@ -127,7 +129,7 @@ func startProcess(t *testing.T, name, bin string, args ...string) *process {
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	p.cmd.Env = childEnv()
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p.cmd.SysProcAttr = testenv.ChildProcAttr()
 	p.started = time.Now()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)

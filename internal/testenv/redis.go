@@ -308,7 +308,14 @@ func StartRedisSentinel(t testing.TB) (sentinel string) {
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(master.bin, conf, "--sentinel", "--logfile", filepath.Join(dir, "sentinel.log"))
+	return startSentinel(t, master.bin, conf, dir, port)
+}
+
+// startSentinel runs `redis-server CONF --sentinel` until the test ends and
+// returns its address once it answers.
+func startSentinel(t testing.TB, bin, conf, dir string, port int) string {
+	t.Helper()
+	cmd := exec.Command(bin, conf, "--sentinel", "--logfile", filepath.Join(dir, "sentinel.log"))
 	cmd.SysProcAttr = ChildProcAttr()
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start redis sentinel: %v", err)

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -129,31 +128,7 @@ func StartRedisSentinels(t testing.TB, master string, n, quorum int) []string {
 		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(bin, conf, "--sentinel", "--logfile", filepath.Join(dir, "sentinel.log"))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start redis sentinel: %v", err)
-		}
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		t.Cleanup(func() {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				_ = cmd.Process.Kill()
-				<-done
-			}
-		})
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		deadline := time.Now().Add(10 * time.Second)
-		for ping(addr) != nil {
-			if time.Now().After(deadline) {
-				log, _ := os.ReadFile(filepath.Join(dir, "sentinel.log"))
-				t.Fatalf("redis sentinel on %s did not answer within 10s: %s", addr, log)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		addr := startSentinel(t, bin, conf, dir, port)
 		addrs = append(addrs, addr)
 	}
 	return addrs
