@@ -99,10 +99,11 @@ func (p *Pipeline) newResults(pz *pauser, holder string, recs []dedupe.Record, f
 	return &results{p: p, pz: pz, holder: holder, recs: recs, byRec: map[int]*firstCopy{}, floors: fl, wait: wait}
 }
 
-// Step 1 and 2: read the floors (once per fetch), then decide the batch, recording with
-// every PENDING key the partition its result will go to and that
-// partition's end offset. Store and broker failures pause the partition
-// and try again; a refusal that cannot pass is returned.
+// Step 1 and 2: read the floors (shared by a fetch's batches for at most
+// floorsMaxAge), then decide the batch, recording with every PENDING key
+// the partition its result will go to and that partition's end offset.
+// Store and broker failures pause the partition and try again; a refusal
+// that cannot pass is returned.
 func (r *results) decide(ctx context.Context) error {
 	p := r.p
 	for attempt := 0; ; attempt++ {
