@@ -146,15 +146,20 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	if ackErr != nil {
 		return nil, ackErr
 	}
-	var existing []int
+	var existing, later []int
+	// known holds the entries whose state after this batch's decisions so
+	// far is known here exactly: created by the SET NX, or read and left
+	// unchanged.
+	known := make(map[string]*dedupe.Entry, len(reqs))
 	for i, cmd := range fast {
 		if cmd == nil {
-			slow = append(slow, i)
+			later = append(later, i)
 			continue
 		}
 		switch err := cmd.Err(); {
 		case err == nil:
 			out[i].Verdict = dedupe.VerdictFirst
+			known[names[i]] = &out[i].Entry
 		case errors.Is(err, redis.Nil):
 			existing = append(existing, i)
 		default:
@@ -162,13 +167,35 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		}
 	}
 	if len(existing) > 0 {
-		scripted, err := s.decideRead(ctx, reqs, names, existing, now, timeRead, out)
+		scripted, err := s.decideRead(ctx, reqs, names, existing, now, timeRead, out, known)
 		if err != nil {
 			return nil, err
 		}
 		slow = append(slow, scripted...)
-		sort.Ints(slow)
 	}
+	// A later record of a key decided above in this batch (a retry close
+	// behind its first copy) is decided here from the known entry when
+	// that changes nothing (a replay or a conflict against this holder's
+	// own PENDING entry); once one of a key's records needs the script,
+	// the key's later ones follow it there, in order.
+	stale := time.Since(timeRead) > readMargin/2
+	for _, i := range later {
+		e := known[names[i]]
+		if e == nil || stale || nearBoundary(e, reqs[i], now) {
+			delete(known, names[i])
+			slow = append(slow, i)
+			continue
+		}
+		dec, next := dedupe.Apply(e, reqs[i], now)
+		if next != nil {
+			delete(known, names[i])
+			slow = append(slow, i)
+			continue
+		}
+		dec.Entry.Now = now
+		out[i] = dec
+	}
+	sort.Ints(slow)
 	if len(slow) == 0 {
 		return out, nil
 	}
@@ -186,7 +213,8 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 // whose decision writes (a takeover, a rerun, a resume, an expired entry)
 // and those whose entry is within a second of a boundary of the store's
 // clock (expiry, window end, lease end), since now was read before the GET.
-func (s *Store) decideRead(ctx context.Context, reqs []dedupe.DecideRequest, names []string, idx []int, now, timeRead time.Time, out []dedupe.Decision) ([]int, error) {
+func (s *Store) decideRead(ctx context.Context, reqs []dedupe.DecideRequest, names []string, idx []int, now, timeRead time.Time,
+	out []dedupe.Decision, known map[string]*dedupe.Entry) ([]int, error) {
 	pipe := s.client.Pipeline()
 	gets := make([]*redis.StringCmd, len(idx))
 	for j, i := range idx {
@@ -217,6 +245,7 @@ func (s *Store) decideRead(ctx context.Context, reqs []dedupe.DecideRequest, nam
 		}
 		dec.Entry.Now = now
 		out[i] = dec
+		known[names[i]] = &cur
 	}
 	return scripted, nil
 }

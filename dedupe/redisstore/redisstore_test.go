@@ -573,6 +573,12 @@ func TestBatchDecisionsMatchTheReferenceTable(t *testing.T) {
 			req(k, "sha256:b", "holder-b", fmt.Sprintf("in/1/%d", 100+k), true), // another body, after the wait
 			req(k, "sha256:a", "holder-b", fmt.Sprintf("in/0/%d", k), true))     // the owner's own record
 	}
+	for k := keys; k < keys+6; k++ { // new keys, each with later copies in the same batch
+		second = append(second,
+			req(k, "sha256:a", "holder-b", fmt.Sprintf("in/1/%d", 200+k), false),
+			req(k, "sha256:a", "holder-b", fmt.Sprintf("in/1/%d", 300+k), false),
+			req(k, "sha256:c", "holder-b", fmt.Sprintf("in/1/%d", 400+k), false))
+	}
 	got := map[string][]dedupe.Decision{}
 	for name, s := range stores {
 		ctx := context.Background()
