@@ -2,9 +2,12 @@ package consumer
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -53,7 +56,8 @@ type Config struct {
 	Metrics *Metrics
 	Logger  *slog.Logger
 
-	// Instance names this process in owner tokens (host, pid, a nonce).
+	// Instance names this process in owner tokens (default InstanceID:
+	// host, pid, a nonce).
 	Instance string
 	// BatchSize bounds the records decided together (default 500).
 	BatchSize int
@@ -82,6 +86,15 @@ type Config struct {
 // follower has it or the leader drops the laggard from the ISR, which it
 // checks every half of replica.lag.time.max.ms.
 const DefaultSettleWait = 45 * time.Second
+
+// InstanceID names this process in owner tokens: host, pid and a random
+// nonce, so that no two processes (nor one restarted) ever share a holder.
+func InstanceID() string {
+	host, _ := os.Hostname()
+	var nonce [4]byte
+	_, _ = rand.Read(nonce[:])
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(nonce[:])
+}
 
 // Pipeline consumes one input topic as one consumer group member.
 type Pipeline struct {
@@ -139,7 +152,7 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Instance == "" {
-		cfg.Instance = "idemstream"
+		cfg.Instance = InstanceID()
 	}
 	p := &Pipeline{
 		cfg:    cfg,

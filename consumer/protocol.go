@@ -174,9 +174,13 @@ func (r *results) track(outs []dedupe.Outcome, nOut int) {
 		intent := o.Decision.Entry.Intent
 		if intent.Partition < 0 {
 			// No partition recorded (an entry from before intents):
-			// this is the first time it is chosen.
-			intent.Partition = int32(sinks.PartitionFor(sinks.ResultKey(rec, o.Key), nOut))
-			intent.Floor = dedupe.NoPosition
+			// chosen now, with this batch's floor, below anything this
+			// holder writes for it.
+			q := sinks.PartitionFor(sinks.ResultKey(rec, o.Key), nOut)
+			intent.Partition, intent.Floor = int32(q), dedupe.NoPosition
+			if f, ok := r.floors.ends[q]; ok {
+				intent.Floor = f
+			}
 		}
 		fc := &firstCopy{rec: i, key: o.Key, owner: dedupe.Owner{Holder: r.holder, Source: rec.Source()},
 			resumed: o.Decision.Resumed, intent: intent}
@@ -442,6 +446,7 @@ func (p *Pipeline) scan(ctx context.Context, pz *pauser, q int, floor int64, wan
 	hits := map[string]sinks.Written{}
 	prefix := p.cfg.Input + "/"
 	offset := floor
+	empty := 0 // fetches that returned nothing below the high watermark
 	for len(hits) < len(want) {
 		recs, hw, err := p.cfg.Broker.Fetch(ctx, p.cfg.Output, q, offset, 10*time.Millisecond)
 		if err != nil {
@@ -483,7 +488,20 @@ func (p *Pipeline) scan(ctx context.Context, pz *pauser, q int, floor int64, wan
 			}
 			hits[key] = sinks.Written{Partition: q, Offset: rec.Offset}
 		}
-		if len(recs) == 0 || recs[len(recs)-1].Offset+1 >= hw {
+		if len(recs) == 0 {
+			if offset >= hw {
+				break
+			}
+			// Nothing returned below the high watermark: a record absent
+			// from an unread stretch must not pass for one never written.
+			if empty++; empty > 20 {
+				return nil, fmt.Errorf("scan %s/%d: no records from %d below the high watermark %d: %w",
+					p.cfg.Output, q, offset, hw, dedupe.ErrBrokerUnavailable)
+			}
+			continue
+		}
+		empty = 0
+		if recs[len(recs)-1].Offset+1 >= hw {
 			break
 		}
 		offset = recs[len(recs)-1].Offset + 1

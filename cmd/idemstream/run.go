@@ -2,17 +2,14 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 
@@ -55,6 +52,9 @@ func cmdRun(ctx context.Context, e *env, args []string) (err error) {
 	var lines *sinks.JSONLines
 	if *sink == "stdout" {
 		lines = sinks.NewJSONLines(e.stdout)
+	}
+	if *settle <= 0 {
+		return usagef("--settle-wait %v: want more than 0 (at least 1.5 × the brokers' replica.lag.time.max.ms)", *settle)
 	}
 	if *drain <= 0 || *drain >= 10*time.Second {
 		return usagef("--drain-timeout %v: want more than 0 and less than the 10s session timeout", *drain)
@@ -134,7 +134,7 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 		}
 		io = &printingBroker{Broker: io, lines: lines, inputs: inputs}
 	}
-	instance := instanceID()
+	instance := consumer.InstanceID()
 	s := &service{cfg: cfg, log: log, store: store, closeFn: closeStore, client: client, registry: reg,
 		probe: storeProbe{store: rawStore}}
 	for i, pc := range cfg.Pipelines {
@@ -272,13 +272,6 @@ func (p *storeProbe) check(ctx context.Context) error {
 	_, _, p.err = p.store.Lookup(ctx, "idemstream-readyz", "probe")
 	p.last = time.Now()
 	return p.err
-}
-
-func instanceID() string {
-	host, _ := os.Hostname()
-	var nonce [4]byte
-	_, _ = rand.Read(nonce[:])
-	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(nonce[:])
 }
 
 // kafkaSecurity builds the TLS and SASL settings of the config, for the
