@@ -110,5 +110,5 @@ func (d *canonDiffer) walk(ia, ib int32, path []byte) {
 
 func childPath(path, token []byte) []byte {
 	p := append(slices.Clip(path), '/')
-	return appendPointerToken(p, token)
+	return AppendPointerToken(p, token)
 }

@@ -87,8 +87,9 @@ func (p Pointer) Match(path []string) bool {
 	return true
 }
 
-// appendPointerToken appends token escaped for use inside a JSON Pointer.
-func appendPointerToken(b []byte, token []byte) []byte {
+// AppendPointerToken appends token escaped for use inside a JSON Pointer
+// (RFC 6901: ~ as ~0, / as ~1).
+func AppendPointerToken(b []byte, token []byte) []byte {
 	for _, c := range token {
 		switch c {
 		case '~':

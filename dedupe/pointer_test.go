@@ -85,7 +85,7 @@ func TestPointerMatch(t *testing.T) {
 
 func TestPointerTokenEscaping(t *testing.T) {
 	for _, tok := range []string{"", "a", "~", "/", "~0", "~1", "a/b~c", "//~~", "é"} {
-		raw := string(appendPointerToken([]byte("/"), []byte(tok)))
+		raw := string(AppendPointerToken([]byte("/"), []byte(tok)))
 		p, err := ParsePointer(raw)
 		if err != nil {
 			t.Errorf("escaped %q as %q: %v", tok, raw, err)

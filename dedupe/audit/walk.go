@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/idemstream/idemstream/dedupe"
 )
 
 // Value kinds, kept in the two low bits of an entry's hash so that a
@@ -197,8 +199,8 @@ func (w *walker) object(pos int, self int32, id uint32, detail bool) (int, error
 			if err != nil {
 				return 0, err
 			}
-			w.ptr = appendToken(append(w.ptr, '/'), name)
-			w.gen = appendToken(append(w.gen, '/'), name)
+			w.ptr = dedupe.AppendPointerToken(append(w.ptr, '/'), name)
+			w.gen = dedupe.AppendPointerToken(append(w.gen, '/'), name)
 			child = w.child(id)
 		}
 		pos, err = w.value(nameEnd+1, self, child, detail && child != noPath)
@@ -364,21 +366,6 @@ func (w *walker) unquote(start, end int) ([]byte, error) {
 	}
 	w.names = append(w.names[:0], s...)
 	return w.names, nil
-}
-
-// appendToken appends a reference token escaped for a JSON Pointer.
-func appendToken(b, token []byte) []byte {
-	for _, c := range token {
-		switch c {
-		case '~':
-			b = append(b, '~', '0')
-		case '/':
-			b = append(b, '~', '1')
-		default:
-			b = append(b, c)
-		}
-	}
-	return b
 }
 
 // summary is what the audit keeps of a payload: one entry per value,
