@@ -23,6 +23,9 @@ func masterWithReplica(t *testing.T) (*testenv.RedisServer, *testenv.Replication
 	master := testenv.StartRedis(t, testenv.RedisConfig{})
 	proxy := testenv.StartReplicationProxy(t, master.Addr)
 	replica := testenv.StartRedisReplica(t, proxy.Addr, testenv.RedisConfig{})
+	// The replica sees its link up a moment before the master counts it
+	// as an online replica: wait for the master's view too.
+	testenv.WaitRedisInfo(t, master.Addr, "state=online", 20*time.Second)
 	return master, proxy, replica
 }
 
