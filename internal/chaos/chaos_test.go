@@ -77,9 +77,15 @@ const (
 	// the lease, the settle wait after an ambiguous write, a session
 	// timeout, and a margin for two loaded cores.
 	stallMax = lease + settleWait + sessionTimeout + 30*time.Second
-	// Before a kill, a freeze or a leave, wait up to this for the target
-	// to hold records in flight, so that the fault lands mid-batch.
-	midBatchWait = 5 * time.Second
+	// Before a kill, a freeze or a leave, wait up to this for a target
+	// that holds records in flight, so that the fault lands mid-batch:
+	// long enough to outlast the rebalance that follows a kill (a
+	// session timeout, the join, the lease of the killed member's keys).
+	midBatchWait = 45 * time.Second
+	// The rolling restart does not wait as long: under the stream alone
+	// a member may hold nothing for a while, and a graceful stop of an
+	// idle member is part of what a deploy does.
+	rollingMidWait = 5 * time.Second
 )
 
 func chosenVariant(t *testing.T) variant {
@@ -261,12 +267,29 @@ pipelines:
 		}
 		return out
 	}
-	choose := func(r *rand.Rand) (int, bool) {
-		run := fl.running()
-		if len(run) < 2 { // leave the group at least one member
-			return 0, false
+	// chooseBusy picks a running member that holds records in flight,
+	// polling every member in a random order until one does or timeout
+	// passes (a rebalance after a kill can leave the whole group idle
+	// for a session timeout and more); at the timeout it falls back to a
+	// random member and reports that the fault did not land mid-batch.
+	chooseBusy := func(r *rand.Rand, timeout time.Duration) (i int, mid, ok bool) {
+		deadline := time.Now().Add(timeout)
+		for {
+			run := fl.running()
+			if len(run) < 2 { // leave the group at least one member
+				return 0, false, false
+			}
+			r.Shuffle(len(run), func(a, b int) { run[a], run[b] = run[b], run[a] })
+			for _, i := range run {
+				if n, ok := fl.inflight(i); ok && n > 0 {
+					return i, true, true
+				}
+			}
+			if time.Now().After(deadline) {
+				return run[0], false, true
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		return run[r.IntN(len(run))], true
 	}
 
 	// The stream: more keys while the group works through the backlog,
@@ -331,13 +354,12 @@ pipelines:
 				return
 			}
 			pick.Lock()
-			i, ok := choose(r)
+			i, mid, ok := chooseBusy(r, midBatchWait)
 			if !ok {
 				pick.Unlock()
 				event("SIGKILL skipped: fewer than two members running")
 				continue
 			}
-			mid := fl.waitInflight(i, midBatchWait)
 			fl.kill(i)
 			inj.add(func(in *injected) {
 				in.kills++
@@ -362,13 +384,12 @@ pipelines:
 				return
 			}
 			pick.Lock()
-			i, ok := choose(r)
+			i, mid, ok := chooseBusy(r, midBatchWait)
 			if !ok {
 				pick.Unlock()
 				event("SIGSTOP skipped: fewer than two members running")
 				continue
 			}
-			mid := fl.waitInflight(i, midBatchWait)
 			fl.freeze(i)
 			pick.Unlock()
 			event("SIGSTOP member %d for %v (mid-batch %v)", i, zombiePause, mid)
@@ -490,7 +511,7 @@ pipelines:
 	rollFrom := time.Since(loadStart)
 	event("rolling restart begins")
 	for i := range members {
-		mid := fl.waitInflight(i, midBatchWait)
+		mid := fl.waitInflight(i, rollingMidWait)
 		took, problem := fl.term(i, leaveBound)
 		if problem != "" {
 			fail("ROLLING RESTART: %s", problem)

@@ -41,11 +41,14 @@
 //     it (its end offset moves between two looks; acks=all with two
 //     replicas in sync, so writes of unknown outcome are real, not
 //     simulated) and starts it again after a few seconds, and freezes
-//     Redis for 3s once. Before each member kill, freeze and leave it
-//     waits (up to 5s) for the target to hold records in flight
-//     (idemstream_inflight_records > 0), and counts the fault as mid-batch
-//     when it did; a fault type that never landed mid-batch (for a broker:
-//     during result writes) fails the test;
+//     Redis for 3s once. A kill or a freeze picks, among the running
+//     members, one that holds records in flight
+//     (idemstream_inflight_records > 0), polling all of them for up to
+//     45s (a rebalance after a kill can leave the whole group idle for a
+//     session timeout and more); a leave waits for the joiner to hold
+//     records in flight while it stays. A fault counts as mid-batch when
+//     its target held records; a fault type that never landed mid-batch
+//     (for a broker: during result writes) fails the test;
 //   - once the faults are over, requires the group to commit everything
 //     produced until then within what a crash can explain (lease + settle
 //     wait + session timeout + 30s);
