@@ -323,14 +323,125 @@ func (s *Store) decideScripted(ctx context.Context, reqs []dedupe.DecideRequest,
 }
 
 // Complete implements dedupe.Store.
+//
+// On a single node (or a Sentinel master) a batch is finished with plain
+// commands under WATCH (completeWatched); on a cluster, for a small batch,
+// or when another client changed one of the entries meanwhile, by
+// complete.lua (completeScripted). Both apply dedupe.ApplyCompletion's
+// rules atomically per entry.
 func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]error, error) {
 	if len(comps) == 0 {
 		return nil, nil
 	}
 	names := make([]string, len(comps))
-	args := make([][]any, len(comps))
 	for i, c := range comps {
 		names[i] = s.RedisKey(c.Namespace, c.Key)
+	}
+	if node, ok := s.client.(*redis.Client); ok && len(comps) >= fastPathMin {
+		return s.completeWatched(ctx, node, comps, names)
+	}
+	return s.completeScripted(ctx, comps, names)
+}
+
+// watchChunk bounds the entries one transaction WATCHes: the server checks
+// each new WATCH against every key the connection already watches, so the
+// cost of a WATCH grows with the square of its keys (1.3 ms for 350 on
+// Redis 7.0, against 40 µs for 32).
+const watchChunk = 32
+
+// completeWatched finishes comps with plain commands, in transactions of
+// up to watchChunk entries: one round trip WATCHes the entries, reads the
+// server's clock (TIME) and the entries (MGET); dedupe.ApplyCompletion
+// decides each completion here, on the store's clock; one MULTI/EXEC
+// writes the entries that change. EXEC runs only if no watched entry
+// changed since the WATCH, so each check and its write are as atomic as in
+// complete.lua: when another holder took a key over in between, EXEC does
+// nothing and complete.lua finishes that transaction's completions. A GET
+// and a SET per completion cost the server about a fifth of the script's
+// CPU.
+//
+// When replicas must acknowledge, a WAIT follows EXEC on the same
+// connection, as for the scripts (roundTrip).
+func (s *Store) completeWatched(ctx context.Context, node *redis.Client, comps []dedupe.Completion, names []string) ([]error, error) {
+	errs := make([]error, len(comps))
+	// Completions of one key go into the same transaction, in order.
+	chunkOf := make(map[string]int, len(comps))
+	var chunks [][]int
+	var distinct []int
+	for i, name := range names {
+		c, ok := chunkOf[name]
+		if !ok {
+			if len(chunks) == 0 || distinct[len(chunks)-1] == watchChunk {
+				chunks, distinct = append(chunks, nil), append(distinct, 0)
+			}
+			c = len(chunks) - 1
+			chunkOf[name] = c
+			distinct[c]++
+		}
+		chunks[c] = append(chunks[c], i)
+	}
+	for _, idx := range chunks {
+		cc := make([]dedupe.Completion, len(idx))
+		cn := make([]string, len(idx))
+		for j, i := range idx {
+			cc[j], cn[j] = comps[i], names[i]
+		}
+		ce, err := s.completeChunk(ctx, node, cc, cn)
+		if errors.Is(err, redis.TxFailedErr) {
+			ce, err = s.completeScripted(ctx, cc, cn)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range idx {
+			errs[i] = ce[j]
+		}
+	}
+	return errs, nil
+}
+
+// completeChunk is one transaction of completeWatched. It returns
+// redis.TxFailedErr, and changes nothing, when EXEC found a watched entry
+// changed.
+func (s *Store) completeChunk(ctx context.Context, node *redis.Client, comps []dedupe.Completion, names []string) ([]error, error) {
+	errs := make([]error, len(comps))
+	// inner is what the transaction itself returned, already classified;
+	// any other error is the WATCH's.
+	var inner error
+	err := node.Watch(ctx, func(tx *redis.Tx) error {
+		inner = s.completeInTx(ctx, node, tx, comps, names, errs)
+		return inner
+	}, distinctNames(names)...)
+	switch {
+	case err == nil:
+		return errs, nil
+	case err == inner:
+		return nil, err
+	default:
+		return nil, classify("complete", err)
+	}
+}
+
+// beforeExec, when set (by a test), runs between a transaction's read and
+// its EXEC.
+var beforeExec func(names []string)
+
+func distinctNames(names []string) []string {
+	seen := make(map[string]bool, len(names))
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// completeScripted finishes comps with complete.lua.
+func (s *Store) completeScripted(ctx context.Context, comps []dedupe.Completion, names []string) ([]error, error) {
+	args := make([][]any, len(comps))
+	for i, c := range comps {
 		args[i] = []any{c.Key, c.Owner.Holder, c.Owner.Source, string(c.State),
 			int64(c.Result.Partition), c.Result.Offset, ms(c.FailedTTL), ms(c.KeepAtLeast)}
 	}
@@ -355,6 +466,94 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 		return nil, err
 	}
 	return errs, nil
+}
+
+// completeInTx is completeWatched's transaction, on the connection that
+// holds the WATCH. It fills errs and returns redis.TxFailedErr when EXEC
+// found a watched entry changed.
+func (s *Store) completeInTx(ctx context.Context, node *redis.Client, tx *redis.Tx, comps []dedupe.Completion, names []string, errs []error) error {
+	var clock *redis.TimeCmd
+	var read *redis.SliceCmd
+	if _, err := tx.Pipelined(ctx, func(p redis.Pipeliner) error {
+		clock = p.Time(ctx)
+		read = p.MGet(ctx, names...)
+		return nil
+	}); err != nil {
+		return classify("complete", err)
+	}
+	now := time.UnixMilli(clock.Val().UnixMilli())
+	nowMs := strconv.FormatInt(now.UnixMilli(), 10)
+	vals := read.Val()
+	if len(vals) != len(names) {
+		return fmt.Errorf("complete: %d entries read for %d completions", len(vals), len(names))
+	}
+	// latest is each entry as this batch leaves it, for a key
+	// completed twice in one call.
+	latest := make(map[string]*dedupe.Entry, len(comps))
+	changed := make(map[string]bool, len(comps))
+	var order []string
+	for i, c := range comps {
+		cur, seen := latest[names[i]]
+		if !seen {
+			if raw, ok := vals[i].(string); ok {
+				if e, err := parseEntry(nowMs, raw); err == nil && e.Key == c.Key {
+					cur = &e
+				}
+			}
+		}
+		next, err := dedupe.ApplyCompletion(cur, c, now)
+		if err != nil {
+			errs[i] = err
+			latest[names[i]] = cur
+			continue
+		}
+		if *next != *cur {
+			if !changed[names[i]] {
+				order = append(order, names[i])
+			}
+			changed[names[i]] = true
+		}
+		latest[names[i]] = next
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	bp := valueBuffers.Get().(*[]byte)
+	buf := (*bp)[:0]
+	defer func() {
+		*bp = buf[:0]
+		valueBuffers.Put(bp)
+	}()
+	if beforeExec != nil {
+		beforeExec(names)
+	}
+	if _, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for _, name := range order {
+			e := latest[name]
+			start := len(buf)
+			buf = appendEntry(buf, e)
+			p.Do(ctx, "SET", name, buf[start:len(buf):len(buf)], "PXAT", e.RetainUntil().UnixMilli())
+		}
+		return nil
+	}); err != nil {
+		if errors.Is(err, redis.TxFailedErr) {
+			return err
+		}
+		return classify("complete", err)
+	}
+	if s.waits("complete") {
+		execErr, ackErr, acked := s.nodeRoundTrip(ctx, "complete", node, tx, nil)
+		s.noteAck(ackErr, acked)
+		if execErr != nil {
+			return classify("complete", execErr)
+		}
+		if ackErr != nil {
+			// Made but not acknowledged: no completion of the call
+			// is done.
+			return ackErr
+		}
+	}
+	return nil
 }
 
 // Lookup implements dedupe.Store.

@@ -110,7 +110,7 @@ func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []
 	cc, cluster := s.client.(*redis.ClusterClient)
 	if !cluster {
 		var acked bool
-		execErr, ackErr, acked = s.nodeRoundTrip(ctx, op, s.client, cmds)
+		execErr, ackErr, acked = s.nodeRoundTrip(ctx, op, s.client, s.client, cmds)
 		s.noteAck(ackErr, acked)
 		return execErr, ackErr
 	}
@@ -143,7 +143,7 @@ func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			execErrs[i], ackErrs[i], acked[i] = s.nodeRoundTrip(ctx, op, n.client, n.cmds)
+			execErrs[i], ackErrs[i], acked[i] = s.nodeRoundTrip(ctx, op, n.client, n.client, n.cmds)
 		}()
 	}
 	wg.Wait()
@@ -159,8 +159,10 @@ func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []
 
 // nodeRoundTrip is one node's pipeline: the commands, then the wait.
 // acked reports that the wait answered and was enough.
-func (s *Store) nodeRoundTrip(ctx context.Context, op string, c redis.Cmdable, cmds []redis.Cmder) (execErr, ackErr error, acked bool) {
-	mode, addr, err := s.ackMode(ctx, c)
+// The wait's kind is that of node; the commands and the wait go on c,
+// node itself or a connection of it (a transaction's).
+func (s *Store) nodeRoundTrip(ctx context.Context, op string, node, c redis.Cmdable, cmds []redis.Cmder) (execErr, ackErr error, acked bool) {
+	mode, addr, err := s.ackMode(ctx, node)
 	if err != nil {
 		return classify(op, err), nil, false
 	}

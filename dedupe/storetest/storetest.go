@@ -91,20 +91,34 @@ func complete(r dedupe.DecideRequest, st dedupe.State, offset int64) dedupe.Comp
 	}
 }
 
-// Run runs the whole suite; newHarness is called once per subtest.
+// Run runs the whole suite; newHarness is called once per subtest. Every
+// case runs twice: with each completion alone in its call, and with each
+// completion first in a call of batchedCompletions (the others complete
+// keys that were never decided, and must be fenced), since a store may
+// finish small and large calls in different ways.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Helper()
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t)
-			tc.run(t, h, &driver{t: t, h: h})
-		})
+	for _, batched := range []bool{false, true} {
+		for _, tc := range cases {
+			name := tc.name
+			if batched {
+				name += "/InABatch"
+			}
+			t.Run(name, func(t *testing.T) {
+				h := newHarness(t)
+				tc.run(t, h, &driver{t: t, h: h, batched: batched})
+			})
+		}
 	}
 }
 
+// batchedCompletions is the size of a call in the batched run of a case.
+const batchedCompletions = 40
+
 type driver struct {
-	t *testing.T
-	h Harness
+	t       *testing.T
+	h       Harness
+	batched bool
 }
 
 func (d *driver) decide(reqs ...dedupe.DecideRequest) []dedupe.Decision {
@@ -131,12 +145,25 @@ func (d *driver) one(r dedupe.DecideRequest, want dedupe.Verdict) dedupe.Decisio
 
 func (d *driver) complete(c dedupe.Completion) error {
 	d.t.Helper()
-	errs, err := d.h.Store.Complete(context.Background(), []dedupe.Completion{c})
+	comps := []dedupe.Completion{c}
+	if d.batched {
+		for i := 1; i < batchedCompletions; i++ {
+			f := c
+			f.Key = fmt.Sprintf("never-decided-%d", i)
+			comps = append(comps, f)
+		}
+	}
+	errs, err := d.h.Store.Complete(context.Background(), comps)
 	if err != nil {
 		d.t.Fatalf("Complete: %v", err)
 	}
-	if len(errs) != 1 {
-		d.t.Fatalf("Complete returned %d errors for 1 completion", len(errs))
+	if len(errs) != len(comps) {
+		d.t.Fatalf("Complete returned %d errors for %d completions", len(errs), len(comps))
+	}
+	for i, err := range errs[1:] {
+		if !errors.Is(err, dedupe.ErrFenced) {
+			d.t.Fatalf("completion %d of a key never decided: %v, want ErrFenced", i+1, err)
+		}
 	}
 	return errs[0]
 }
@@ -520,6 +547,107 @@ var cases = []testCase{
 		}
 		if n := firsts.Load(); n != 1 {
 			t.Errorf("%d racers were told first, want exactly 1", n)
+		}
+	}},
+	{"ManyCompletionsInOneCallFollowTheirOwnRules", func(t *testing.T, h Harness, d *driver) {
+		var firsts []dedupe.DecideRequest
+		for i := range 12 {
+			firsts = append(firsts, req(fmt.Sprintf("m%02d", i), "sha256:a", dedupe.Strict, holderA, fmt.Sprintf("commands/0/%d", i)))
+		}
+		d.decide(firsts...)
+		d.mustComplete(complete(firsts[9], dedupe.Success, 90)) // finished in an earlier call
+		stranger := complete(firsts[3], dedupe.Success, 5)
+		stranger.Owner = dedupe.Owner{Holder: holderB, Source: "commands/1/3"}
+		comps := []dedupe.Completion{
+			complete(firsts[0], dedupe.Success, 10),
+			complete(firsts[1], dedupe.Failed, dedupe.NoPosition),
+			complete(firsts[2], dedupe.Pending, dedupe.NoPosition), // a release
+			stranger,
+			complete(firsts[4], dedupe.Success, 40),
+			complete(firsts[4], dedupe.Success, 40), // the same again
+			complete(firsts[5], dedupe.Success, 50),
+			complete(firsts[5], dedupe.Failed, dedupe.NoPosition), // no longer PENDING
+			complete(req("m-none", "sha256:a", dedupe.Strict, holderA, "commands/0/99"), dedupe.Success, 1),
+			complete(firsts[9], dedupe.Success, 90), // a retry of the earlier call
+			complete(firsts[9], dedupe.Success, 91), // another result: fenced
+			complete(firsts[10], dedupe.Success, 100),
+			complete(firsts[11], dedupe.Success, 110),
+		}
+		fenced := map[int]bool{3: true, 7: true, 8: true, 10: true}
+		errs, err := h.Store.Complete(context.Background(), comps)
+		if err != nil {
+			t.Fatalf("Complete: %v", err)
+		}
+		if len(errs) != len(comps) {
+			t.Fatalf("Complete returned %d errors for %d completions", len(errs), len(comps))
+		}
+		for i, err := range errs {
+			if fenced[i] != errors.Is(err, dedupe.ErrFenced) || (!fenced[i] && err != nil) {
+				t.Errorf("completion %d (%s %s by %s): %v, want fenced %v", i, comps[i].Key, comps[i].State, comps[i].Owner.Token(), err, fenced[i])
+			}
+		}
+		want := map[string]struct {
+			state  dedupe.State
+			offset int64
+		}{
+			"m00": {dedupe.Success, 10}, "m01": {dedupe.Failed, dedupe.NoPosition}, "m02": {dedupe.Pending, dedupe.NoPosition},
+			"m03": {dedupe.Pending, dedupe.NoPosition}, "m04": {dedupe.Success, 40}, "m05": {dedupe.Success, 50},
+			"m09": {dedupe.Success, 90}, "m10": {dedupe.Success, 100}, "m11": {dedupe.Success, 110},
+		}
+		for key, w := range want {
+			e, ok := d.lookup(key)
+			if !ok || e.State != w.state || (w.state != dedupe.Pending && e.Result.Offset != w.offset) || e.Owner.Holder != holderA {
+				t.Errorf("%s after the call: found %v, %+v; want %s with offset %d by %s", key, ok, e, w.state, w.offset, holderA)
+			}
+		}
+		if _, ok := d.lookup("m-none"); ok {
+			t.Error("a completion of a key never decided created an entry")
+		}
+		// The released key is taken over at once.
+		dec := d.one(req("m02", "sha256:a", dedupe.Strict, holderB, "commands/0/2"), dedupe.VerdictFirst)
+		if !dec.Resumed {
+			t.Errorf("takeover of a released key: %+v, want resumed", dec)
+		}
+	}},
+	{"RacingCompletionAndTakeoverNeverBothWin", func(t *testing.T, h Harness, d *driver) {
+		// The owner finishes its keys just as another holder takes them
+		// over after the lease: per key, either the completion holds and
+		// the other holder sees a replay, or the takeover holds and the
+		// completion is fenced; never both a result and a new first.
+		const keys = 40
+		var mine, theirs []dedupe.DecideRequest
+		for i := range keys {
+			mine = append(mine, req(fmt.Sprintf("r%02d", i), "sha256:a", dedupe.Strict, holderA, fmt.Sprintf("commands/0/%d", i)))
+			r := req(fmt.Sprintf("r%02d", i), "sha256:a", dedupe.Strict, holderB, fmt.Sprintf("commands/1/%d", i))
+			r.Final = true
+			theirs = append(theirs, r)
+		}
+		d.decide(mine...)
+		h.Advance(lease + slack)
+		var comps []dedupe.Completion
+		for i, r := range mine {
+			comps = append(comps, complete(r, dedupe.Success, int64(i)))
+		}
+		var wg sync.WaitGroup
+		var errs []error
+		var decs []dedupe.Decision
+		var cerr, derr error
+		wg.Add(2)
+		go func() { defer wg.Done(); errs, cerr = h.Store.Complete(context.Background(), comps) }()
+		go func() { defer wg.Done(); decs, derr = h.Store.Decide(context.Background(), theirs) }()
+		wg.Wait()
+		if cerr != nil || derr != nil {
+			t.Fatalf("Complete: %v; Decide: %v", cerr, derr)
+		}
+		for i := range keys {
+			completed := errs[i] == nil
+			tookOver := decs[i].Verdict == dedupe.VerdictFirst
+			if completed == tookOver {
+				t.Errorf("key %d: completion error %v, other holder's verdict %v: exactly one of them must win", i, errs[i], decs[i].Verdict)
+			}
+			if completed && decs[i].Verdict != dedupe.VerdictReplay {
+				t.Errorf("key %d: completed, but the other holder was told %v, want replay", i, decs[i].Verdict)
+			}
 		}
 	}},
 }

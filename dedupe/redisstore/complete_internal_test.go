@@ -1,0 +1,83 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/testenv"
+)
+
+// When another holder takes a key over between a transaction's read and
+// its EXEC, EXEC must do nothing and complete.lua must decide the
+// transaction's completions again: the taken key's completion is fenced,
+// the others of its transaction and of the other transactions succeed.
+func TestCompleteFallsBackToTheScriptWhenAnEntryChanges(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	s := New(c, fmt.Sprintf("fallback%d", time.Now().UnixNano()))
+	ctx := context.Background()
+	const n = 2*watchChunk + 5 // three transactions
+	var mine []dedupe.DecideRequest
+	for i := range n {
+		mine = append(mine, dedupe.DecideRequest{Namespace: "p", Key: fmt.Sprintf("k%03d", i), Fingerprint: "sha256:a",
+			RulesDigest: "sha256:r", Semantics: dedupe.Strict, Window: time.Minute, Lease: time.Second,
+			Owner: dedupe.Owner{Holder: "holder-a", Source: fmt.Sprintf("in/0/%d", i)}, Intent: dedupe.Intent{Partition: 1, Floor: 0}})
+	}
+	if _, err := s.Decide(ctx, mine); err != nil {
+		t.Fatal(err)
+	}
+	taken := mine[watchChunk+3] // in the second transaction
+	var execs, takeovers int
+	beforeExec = func(names []string) {
+		execs++
+		if execs != 2 {
+			return
+		}
+		// The lease ends, and another holder takes the key over.
+		time.Sleep(time.Second + 50*time.Millisecond)
+		r := taken
+		r.Owner, r.Final = dedupe.Owner{Holder: "holder-b", Source: "in/1/7"}, true
+		decs, err := s.Decide(ctx, []dedupe.DecideRequest{r})
+		if err != nil || decs[0].Verdict != dedupe.VerdictFirst {
+			t.Errorf("takeover: %v %+v", err, decs)
+			return
+		}
+		takeovers++
+	}
+	defer func() { beforeExec = nil }()
+	var comps []dedupe.Completion
+	for i, r := range mine {
+		comps = append(comps, dedupe.Completion{Namespace: "p", Key: r.Key, Owner: r.Owner, State: dedupe.Success,
+			Result: dedupe.ResultRef{Partition: 1, Offset: int64(i)}})
+	}
+	errs, err := s.Complete(ctx, comps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if execs != 3 || takeovers != 1 {
+		t.Fatalf("%d transactions, %d takeovers; want 3 and 1", execs, takeovers)
+	}
+	for i, err := range errs {
+		if fenced := comps[i].Key == taken.Key; fenced != errors.Is(err, dedupe.ErrFenced) || (!fenced && err != nil) {
+			t.Errorf("completion of %s: %v, want fenced %v", comps[i].Key, err, fenced)
+		}
+		e, ok, err := s.Lookup(ctx, "p", comps[i].Key)
+		if err != nil || !ok {
+			t.Fatalf("lookup %s: %v %v", comps[i].Key, ok, err)
+		}
+		if comps[i].Key == taken.Key {
+			if e.State != dedupe.Pending || e.Owner.Holder != "holder-b" {
+				t.Errorf("taken key after the fallback: %+v, want PENDING by holder-b", e)
+			}
+		} else if e.State != dedupe.Success || e.Result.Offset != int64(i) {
+			t.Errorf("%s: %+v, want SUCCESS at %d", comps[i].Key, e, i)
+		}
+	}
+}
