@@ -380,24 +380,55 @@ func (s *Store) completeWatched(ctx context.Context, node *redis.Client, comps [
 		}
 		chunks[c] = append(chunks[c], i)
 	}
-	for _, idx := range chunks {
-		cc := make([]dedupe.Completion, len(idx))
-		cn := make([]string, len(idx))
-		for j, i := range idx {
-			cc[j], cn[j] = comps[i], names[i]
-		}
-		ce, err := s.completeChunk(ctx, node, cc, cn)
-		if errors.Is(err, redis.TxFailedErr) {
-			ce, err = s.completeScripted(ctx, cc, cn)
-		}
-		if err != nil {
-			return nil, err
-		}
-		for j, i := range idx {
-			errs[i] = ce[j]
-		}
+	// Chunks hold distinct keys: up to watchParallel of them run at once,
+	// each on a connection of its own, so that their round trips overlap.
+	chunkErrs := make([]error, len(chunks))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(watchParallel, len(chunks)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range next {
+				idx := chunks[c]
+				cc := make([]dedupe.Completion, len(idx))
+				cn := make([]string, len(idx))
+				for j, i := range idx {
+					cc[j], cn[j] = comps[i], names[i]
+				}
+				ce, err := s.completeChunk(ctx, node, cc, cn)
+				if errors.Is(err, redis.TxFailedErr) {
+					ce, err = s.completeScripted(ctx, cc, cn)
+				}
+				if chunkErrs[c] = err; err == nil {
+					for j, i := range idx {
+						errs[i] = ce[j]
+					}
+				}
+			}
+		}()
+	}
+	for c := range chunks {
+		next <- c
+	}
+	close(next)
+	wg.Wait()
+	if err := firstErr(chunkErrs); err != nil {
+		return nil, err
 	}
 	return errs, nil
+}
+
+// watchParallel bounds the transactions of one Complete call in flight.
+const watchParallel = 3
+
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // completeChunk is one transaction of completeWatched. It returns
