@@ -54,7 +54,11 @@ for i = 1, #KEYS do
     out[i] = 'fenced:'
   elseif st ~= 'PENDING' and e.s == st and e.oh == ARGV[b + 2] and e.os == ARGV[b + 3] and e.rp == ARGV[b + 5] and e.ro == ARGV[b + 6] then
     -- The same completion again: a retry after a timeout whose first
-    -- attempt did reach the server.
+    -- attempt did reach the server. Saved again, unchanged, so that the
+    -- WAIT behind this call (replica acknowledgement) covers it: a WAIT
+    -- counts this connection's writes, and the first attempt's may have
+    -- gone out on another one.
+    save(name, e)
     out[i] = 'ok'
   elseif e.s ~= 'PENDING' or e.oh ~= ARGV[b + 2] or e.os ~= ARGV[b + 3] then
     out[i] = 'fenced:' .. e.s .. ':' .. e.oh .. '@' .. e.os

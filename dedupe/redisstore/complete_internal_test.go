@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -85,5 +86,61 @@ func TestCompleteFallsBackToTheScriptWhenAnEntryChanges(t *testing.T) {
 		} else if e.State != dedupe.Success || e.Result.Offset != int64(i) {
 			t.Errorf("%s: %+v, want SUCCESS at %d", comps[i].Key, e, i)
 		}
+	}
+}
+
+// A completion that the replica did not acknowledge is no completion, and
+// neither is its retry while the replica still lacks it, whatever the
+// size of the call and whichever connection the retry takes.
+func TestCompleteRetryIsNotAcknowledgedWithoutTheReplica(t *testing.T) {
+	master := testenv.StartRedis(t, testenv.RedisConfig{})
+	proxy := testenv.StartReplicationProxy(t, master.Addr)
+	replica := testenv.StartRedisReplica(t, proxy.Addr, testenv.RedisConfig{})
+	testenv.WaitRedisInfo(t, master.Addr, "connected_slaves:1", 20*time.Second)
+	testenv.WaitRedisInfo(t, replica.Addr, "master_link_status:up", 20*time.Second)
+	for _, n := range []int{5, 20} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			prefix := fmt.Sprintf("unacked%d-%d", n, time.Now().UnixNano())
+			// Each attempt on connections of its own: a retry may take
+			// another connection than the write it repeats.
+			store := func() *Store {
+				c := redis.NewClient(&redis.Options{Addr: master.Addr, MaxRetries: -1})
+				t.Cleanup(func() { c.Close() })
+				return New(c, prefix, WithReplicas(1, 300*time.Millisecond))
+			}
+			s := store()
+			ctx := context.Background()
+			var reqs []dedupe.DecideRequest
+			for i := range n {
+				reqs = append(reqs, dedupe.DecideRequest{Namespace: "p", Key: fmt.Sprintf("k%03d", i), Fingerprint: "sha256:a",
+					RulesDigest: "sha256:r", Semantics: dedupe.Strict, Window: time.Minute, Lease: time.Minute,
+					Owner: dedupe.Owner{Holder: "holder-a", Source: fmt.Sprintf("in/0/%d", i)}})
+			}
+			if _, err := s.Decide(ctx, reqs); err != nil {
+				t.Fatal(err)
+			}
+			var comps []dedupe.Completion
+			for i, r := range reqs {
+				comps = append(comps, dedupe.Completion{Namespace: "p", Key: r.Key, Owner: r.Owner, State: dedupe.Success,
+					Result: dedupe.ResultRef{Partition: 1, Offset: int64(i)}})
+			}
+			proxy.Partition()
+			defer proxy.Heal()
+			for attempt := range 3 {
+				_, err := store().Complete(ctx, comps)
+				t.Logf("attempt %d: %v", attempt+1, err)
+				if !errors.Is(err, dedupe.ErrNotReplicated) {
+					t.Fatalf("attempt %d with the replica cut off: %v, want ErrNotReplicated", attempt+1, err)
+				}
+			}
+			proxy.Heal()
+			if _, err := store().Complete(ctx, comps); err != nil {
+				t.Fatalf("after the link is back: %v", err)
+			}
+			onReplica, err := testenv.RedisCommand(replica.Addr, "GET", s.RedisKey("p", "k000"))
+			if err != nil || !strings.HasPrefix(onReplica, "SUCCESS") {
+				t.Errorf("replica holds %.20q (%v), want SUCCESS", onReplica, err)
+			}
+		})
 	}
 }

@@ -46,8 +46,9 @@
 // connection) and about 3 µs more of the consumer's CPU per completion
 // (reading the entries back). Larger transactions cost more per key:
 // Redis checks each WATCHed key against every key the connection already
-// watches. On a cluster, and for calls of fewer than 8 completions,
-// Complete is one complete.lua call per group.
+// watches. On a cluster, with replica acknowledgement (see Replicas), and
+// for calls of fewer than 8 completions, Complete is one complete.lua call
+// per group.
 //
 // Scripts are re-loaded when a server answers NOSCRIPT (after a restart
 // or a failover).

@@ -337,7 +337,10 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 	for i, c := range comps {
 		names[i] = s.RedisKey(c.Namespace, c.Key)
 	}
-	if node, ok := s.client.(*redis.Client); ok && len(comps) >= fastPathMin {
+	// With replica acknowledgement every call goes to the script: one
+	// WAIT per node behind it, and a retry rewrites what it finds already
+	// done, so that its WAIT covers the write a failed attempt made.
+	if node, ok := s.client.(*redis.Client); ok && len(comps) >= fastPathMin && !s.waits("complete") {
 		return s.completeWatched(ctx, node, comps, names)
 	}
 	return s.completeScripted(ctx, comps, names)
@@ -360,8 +363,7 @@ const watchChunk = 32
 // and a SET per completion cost the server about a fifth of the script's
 // CPU.
 //
-// When replicas must acknowledge, a WAIT follows EXEC on the same
-// connection, as for the scripts (roundTrip).
+// It is not used when replicas must acknowledge (see Complete).
 func (s *Store) completeWatched(ctx context.Context, node *redis.Client, comps []dedupe.Completion, names []string) ([]error, error) {
 	errs := make([]error, len(comps))
 	// Completions of one key go into the same transaction, in order.
@@ -440,7 +442,7 @@ func (s *Store) completeChunk(ctx context.Context, node *redis.Client, comps []d
 	// any other error is the WATCH's.
 	var inner error
 	err := node.Watch(ctx, func(tx *redis.Tx) error {
-		inner = s.completeInTx(ctx, node, tx, comps, names, errs)
+		inner = s.completeInTx(ctx, tx, comps, names, errs)
 		return inner
 	}, distinctNames(names)...)
 	switch {
@@ -502,7 +504,7 @@ func (s *Store) completeScripted(ctx context.Context, comps []dedupe.Completion,
 // completeInTx is completeWatched's transaction, on the connection that
 // holds the WATCH. It fills errs and returns redis.TxFailedErr when EXEC
 // found a watched entry changed.
-func (s *Store) completeInTx(ctx context.Context, node *redis.Client, tx *redis.Tx, comps []dedupe.Completion, names []string, errs []error) error {
+func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.Completion, names []string, errs []error) error {
 	var clock *redis.TimeCmd
 	var read *redis.SliceCmd
 	if _, err := tx.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -527,10 +529,14 @@ func (s *Store) completeInTx(ctx context.Context, node *redis.Client, tx *redis.
 		cur, seen := latest[names[i]]
 		if !seen {
 			if raw, ok := vals[i].(string); ok {
-				if e, err := parseEntry(nowMs, raw); err == nil && e.Key == c.Key {
+				if e, err := parseEntry(nowMs, raw); err == nil {
 					cur = &e
 				}
 			}
+		}
+		if cur != nil && cur.Key != c.Key {
+			// Another key under the same name: as complete.lua, fenced.
+			cur = nil
 		}
 		next, err := dedupe.ApplyCompletion(cur, c, now)
 		if err != nil {
@@ -571,18 +577,6 @@ func (s *Store) completeInTx(ctx context.Context, node *redis.Client, tx *redis.
 			return err
 		}
 		return classify("complete", err)
-	}
-	if s.waits("complete") {
-		execErr, ackErr, acked := s.nodeRoundTrip(ctx, "complete", node, tx, nil)
-		s.noteAck(ackErr, acked)
-		if execErr != nil {
-			return classify("complete", execErr)
-		}
-		if ackErr != nil {
-			// Made but not acknowledged: no completion of the call
-			// is done.
-			return ackErr
-		}
 	}
 	return nil
 }
