@@ -322,6 +322,7 @@ type fetched struct {
 	recs []sinks.Fetched
 	hw   int64
 	err  error
+	at   time.Time // when the fetch returned
 }
 
 func (f *prefetcher) start(from int64) {
@@ -329,12 +330,24 @@ func (f *prefetcher) start(from int64) {
 	f.next, f.from = ch, from
 	go func() {
 		recs, hw, err := f.p.cfg.Broker.Fetch(f.gen, f.p.cfg.Input, f.partition, from, f.p.cfg.MaxWait)
-		ch <- fetched{recs, hw, err}
+		ch <- fetched{recs, hw, err, time.Now()}
 	}()
 }
 
+// topUpAfter is how long a fetch ahead that reached the end of the
+// partition may wait before its batch starts without being topped up.
+const topUpAfter = 2 * time.Millisecond
+
 // fetch returns the records from offset: the fetch ahead when it started
 // there, a new one otherwise.
+//
+// A fetch ahead that reached the end of the partition returned as soon as
+// the first records arrived, and then waited for the batch before it: the
+// records that arrived meanwhile are read at once and appended, so that a
+// consumer that keeps up decides what is there when its batch starts, not
+// what was there one batch earlier (the latency of a record would
+// otherwise be about two batches, not one). With a backlog, a fetch ahead
+// is full and is taken as it is.
 func (f *prefetcher) fetch(offset int64) ([]sinks.Fetched, int64, error) {
 	if f.next == nil || f.from != offset {
 		f.wait()
@@ -342,7 +355,19 @@ func (f *prefetcher) fetch(offset int64) ([]sinks.Fetched, int64, error) {
 	}
 	r := <-f.next
 	f.next = nil
-	return r.recs, r.hw, r.err
+	if r.err != nil || len(r.recs) == 0 || time.Since(r.at) < topUpAfter {
+		return r.recs, r.hw, r.err
+	}
+	end := r.recs[len(r.recs)-1].Offset + 1
+	if r.hw > end {
+		return r.recs, r.hw, nil
+	}
+	more, hw, err := f.p.cfg.Broker.Fetch(f.gen, f.p.cfg.Input, f.partition, end, time.Millisecond)
+	if err != nil || len(more) == 0 || more[0].Offset < end {
+		// The records in hand go on; the next fetch meets the error.
+		return r.recs, r.hw, nil
+	}
+	return append(r.recs, more...), hw, nil
 }
 
 // wait lets a fetch ahead finish (it ends with the generation's context).
