@@ -460,3 +460,96 @@ func TestCrossPartitionBatchesDoNotWaitEachOtherOut(t *testing.T) {
 		t.Errorf("%d records were decided only after pending_timeout, want none", n)
 	}
 }
+
+// pollingBroker long-polls fetches of the input until records come (the
+// fake broker returns empty after MaxWait), and tells when one returned.
+type pollingBroker struct {
+	consumer.Broker
+	returned chan time.Time
+}
+
+func (b *pollingBroker) Fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration) ([]sinks.Fetched, int64, error) {
+	for {
+		recs, hw, err := b.Broker.Fetch(ctx, topic, partition, offset, maxWait)
+		if err != nil || len(recs) > 0 || topic != "in" {
+			if err == nil && topic == "in" && offset > 0 {
+				select {
+				case b.returned <- time.Now():
+				default:
+				}
+			}
+			return recs, hw, err
+		}
+		if ctx.Err() != nil {
+			return nil, 0, ctx.Err()
+		}
+	}
+}
+
+// gatedStore holds the first Decide until released and records the keys
+// of every Decide call.
+type gatedStore struct {
+	dedupe.Store
+	entered, release chan struct{}
+	once             sync.Once
+	mu               sync.Mutex
+	calls            [][]string
+}
+
+func (s *gatedStore) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedupe.Decision, error) {
+	s.once.Do(func() {
+		close(s.entered)
+		<-s.release
+	})
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i] = r.Key
+	}
+	s.mu.Lock()
+	s.calls = append(s.calls, keys)
+	s.mu.Unlock()
+	return s.Store.Decide(ctx, reqs)
+}
+
+// A consumer that keeps up decides, when its batch starts, every record
+// that arrived while the batch before it was busy: the fetch ahead, which
+// returned with the first of them, is topped up. Before, those records
+// waited for one more batch, which doubled the latency of a record.
+func TestFetchAheadIsToppedUpWhenItsBatchStarts(t *testing.T) {
+	r := newRig(t, 1)
+	pol := r.policy(dedupe.Strict)
+	broker := &pollingBroker{Broker: r.io, returned: make(chan time.Time, 1)}
+	cfg := r.config(pol, nil, broker, "test")
+	gs := &gatedStore{Store: r.store, entered: make(chan struct{}), release: make(chan struct{})}
+	store := consumer.InstrumentStore(gs, r.metrics)
+	d, err := dedupe.NewDecider(pol, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Decider, cfg.Store = d, store
+	r.produce(cmd{"k0", `{"n":0}`, 0})
+	stop := r.start(cfg)
+	defer stop()
+	<-gs.entered // the first batch is busy deciding k0; the fetch ahead waits for records
+	r.produce(cmd{"k1", `{"n":1}`, 0})
+	var at time.Time
+	select {
+	case at = <-broker.returned:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the fetch ahead did not return with k1")
+	}
+	r.produce(cmd{"k2", `{"n":2}`, 0}, cmd{"k3", `{"n":3}`, 0}, cmd{"k4", `{"n":4}`, 0}, cmd{"k5", `{"n":5}`, 0})
+	for time.Since(at) <= 3*time.Millisecond { // the fetch ahead is older than topUpAfter
+		time.Sleep(time.Millisecond)
+	}
+	close(gs.release)
+	waitFor(t, "six firsts", func() bool { return r.count("p", "first") == 6 })
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	for _, keys := range gs.calls {
+		if fmt.Sprint(keys) == "[k1 k2 k3 k4 k5]" {
+			return
+		}
+	}
+	t.Errorf("Decide calls %v: want k1 to k5 decided in one batch", gs.calls)
+}
