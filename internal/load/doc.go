@@ -15,6 +15,14 @@
 // trace_id, items/*/client_ts) and the unordered items array shuffled,
 // decided under the strict policy.
 //
+// With IDEMSTREAM_LOAD_STREAMS=1 (make load LOAD_STREAMS=1) a third
+// contender runs over the same backlog: ./streams/Dedup.java, the dedup a
+// Kafka Streams user would write (a processor with a persistent RocksDB
+// store of fingerprints, exactly_once_v2, the same volatile fields and
+// unordered array), built by ./streams/streams.sh from Maven Central's
+// kafka-streams with javac, timed the same way (its application.id is
+// its group).
+//
 // The helpers that need no server (workload, percentiles, the INFO parser)
 // are tested in every go test run.
 package load

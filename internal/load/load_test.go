@@ -2,8 +2,10 @@ package load
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -106,6 +108,35 @@ func TestThroughput(t *testing.T) {
 		t.Errorf("idemstream did not stop cleanly: %v\n%s", idem.err, idem.tail(10))
 	}
 
+	// The Kafka Streams peer, when asked for (LOAD_STREAMS=1): its own
+	// output topics, its application.id as the group.
+	var streamsTime time.Duration
+	var streamsPeak int64
+	var streamsCPU cpus
+	if os.Getenv("IDEMSTREAM_LOAD_STREAMS") == "1" {
+		app := run + ".streams"
+		sOut, sDLQ := run+".streams-out", run+".streams-dlq"
+		testenv.CreateTopics(t, brokers, partitions, sOut, sDLQ)
+		script := filepath.Join(moduleRoot(t), "internal/load/streams/streams.sh")
+		// Fetching the jars and compiling are no part of the run.
+		if out, err := exec.Command(script, "prepare").CombinedOutput(); err != nil {
+			t.Fatalf("streams.sh prepare: %v\n%s", err, out)
+		}
+		brokerCPU = cpuSeconds(broker)
+		st := startProcess(t, "streams", script,
+			strings.Join(brokers, ","), app, in, sOut, sDLQ, strings.Join(volatilePaths, ","), strings.Join(unorderedPaths, ","), keyHeader)
+		streamsDone := waitCaughtUp(ctx, t, st, input, app, end, bound, nil)
+		streamsTime = streamsDone.Sub(st.started)
+		_, streamsPeak = st.memory()
+		streamsCPU = cpus{consumer: cpuSeconds(st.cmd.Process.Pid), broker: since(cpuSeconds(broker), brokerCPU)}
+		// The JVM exits with 128+SIGTERM once its shutdown hook (which
+		// closes the Streams client) has run.
+		var exit *exec.ExitError
+		if !st.stop(30*time.Second) && !(errors.As(st.err, &exit) && exit.ExitCode() == 143) {
+			t.Errorf("the Streams peer did not stop cleanly: %v\n%s", st.err, st.tail(10))
+		}
+	}
+
 	// The figures.
 	passRate, idemRate := float64(n)/passTime.Seconds(), float64(n)/idemTime.Seconds()
 	t.Logf("passthrough%s (fetch and write overlapped, batches of 1000, Writer BatchSize 2000, acks=all, commit per batch): %.0f records/s (%v from process start to lag 0), peak RSS %.0f MB",
@@ -119,6 +150,13 @@ func TestThroughput(t *testing.T) {
 	redisCPU := reportRedis(t, infoBefore, infoAfter, fsyncPolicy(ctx, rdb), n)
 	t.Logf("CPU per record, idemstream run: %s", idemCPU.perRecord(n, redisCPU))
 	reportStore(t, metrics, n)
+	if streamsTime > 0 {
+		streamsRate := float64(n) / streamsTime.Seconds()
+		t.Logf("Kafka Streams peer (processor with a RocksDB store, exactly_once_v2, 2 stream threads, commit every 1s, the same canonical rules; internal/load/streams): %.0f records/s (%v from process start to lag 0, JVM start and group join included), peak RSS %.0f MB",
+			streamsRate, streamsTime.Round(time.Millisecond), mb(streamsPeak))
+		t.Logf("CPU per record, Streams run: %s", streamsCPU.perRecord(n, -1))
+		t.Logf("ratio idemstream / Kafka Streams: %.2f (goal >= 2)", idemRate/streamsRate)
+	}
 
 	t.Logf("machine: load average %s", loadAverage())
 
