@@ -144,3 +144,33 @@ func TestCompleteRetryIsNotAcknowledgedWithoutTheReplica(t *testing.T) {
 		})
 	}
 }
+
+// A user that may not SET is refused for good on the WATCH path too, not
+// paused for ever behind EXECABORT.
+func TestCompleteRefusedInTheTransactionIsFinal(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{})
+	if _, err := testenv.RedisCommand(srv.Addr, "ACL", "SETUSER", "nowrite", "on", ">pw", "~*", "+@all", "-set"); err != nil {
+		t.Fatal(err)
+	}
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer admin.Close()
+	limited := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nowrite", Password: "pw"})
+	defer limited.Close()
+	prefix := fmt.Sprintf("acl%d", time.Now().UnixNano())
+	ctx := context.Background()
+	var reqs []dedupe.DecideRequest
+	var comps []dedupe.Completion
+	for i := range 2 * fastPathMin {
+		r := dedupe.DecideRequest{Namespace: "p", Key: fmt.Sprintf("k%02d", i), Fingerprint: "sha256:a", RulesDigest: "sha256:r",
+			Semantics: dedupe.Strict, Window: time.Minute, Lease: time.Minute, Owner: dedupe.Owner{Holder: "h", Source: fmt.Sprintf("in/0/%d", i)}}
+		reqs = append(reqs, r)
+		comps = append(comps, dedupe.Completion{Namespace: "p", Key: r.Key, Owner: r.Owner, State: dedupe.Success})
+	}
+	if _, err := New(admin, prefix).Decide(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(limited, prefix).Complete(ctx, comps)
+	if err == nil || errors.Is(err, dedupe.ErrStoreUnavailable) || !strings.Contains(err.Error(), "NOPERM") {
+		t.Fatalf("Complete by a user without SET: %v, want a final NOPERM refusal", err)
+	}
+}

@@ -564,7 +564,7 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 	if beforeExec != nil {
 		beforeExec(names)
 	}
-	if _, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	cmds, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for _, name := range order {
 			e := latest[name]
 			start := len(buf)
@@ -572,9 +572,18 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 			p.Do(ctx, "SET", name, buf[start:len(buf):len(buf)], "PXAT", e.RetainUntil().UnixMilli())
 		}
 		return nil
-	}); err != nil {
+	})
+	if err != nil {
 		if errors.Is(err, redis.TxFailedErr) {
 			return err
+		}
+		// A command refused when it was queued makes EXEC answer
+		// EXECABORT: the refusal (NOPERM, OOM, READONLY) is the cause,
+		// and what decides between pausing and stopping.
+		for _, c := range cmds {
+			if cerr := c.Err(); cerr != nil && !strings.HasPrefix(cerr.Error(), "EXECABORT") {
+				return classify("complete", cerr)
+			}
 		}
 		return classify("complete", err)
 	}
