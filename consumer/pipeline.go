@@ -359,7 +359,10 @@ func (f *prefetcher) fetch(offset int64) ([]sinks.Fetched, int64, error) {
 		return r.recs, r.hw, r.err
 	}
 	end := r.recs[len(r.recs)-1].Offset + 1
-	if r.hw > end {
+	if r.hw-end >= int64(f.p.cfg.BatchSize) {
+		// A backlog: the fetch ahead is as full as a fetch gets.
+		// (Nearly at the end, as behind a transaction marker, it is
+		// topped up.)
 		return r.recs, r.hw, nil
 	}
 	more, hw, err := f.p.cfg.Broker.Fetch(f.gen, f.p.cfg.Input, f.partition, end, time.Millisecond)

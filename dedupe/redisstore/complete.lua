@@ -63,10 +63,12 @@ for i = 1, #KEYS do
   elseif e.s ~= 'PENDING' or e.oh ~= ARGV[b + 2] or e.os ~= ARGV[b + 3] then
     out[i] = 'fenced:' .. e.s .. ':' .. e.oh .. '@' .. e.os
   elseif st == 'PENDING' then
+    -- A release: the lease ends now. Saved even when it had ended, so
+    -- that the WAIT behind a retried release covers it.
     if now < tonumber(e.lu) then
       e.lu = tostring(now)
-      save(name, e)
     end
+    save(name, e)
     out[i] = 'ok'
   else
     e.s, e.rp, e.ro, e.lu = st, ARGV[b + 5], ARGV[b + 6], '0'

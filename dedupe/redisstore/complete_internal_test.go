@@ -174,3 +174,54 @@ func TestCompleteRefusedInTheTransactionIsFinal(t *testing.T) {
 		t.Fatalf("Complete by a user without SET: %v, want a final NOPERM refusal", err)
 	}
 }
+
+// Namespaces that contain ':' can give two keys one Redis name. A call
+// that completes both, in either order, fences the one the entry does not
+// hold and finishes the other, as complete.lua does, and never crashes.
+func TestCompleteOfTwoKeysUnderOneName(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	for _, foreignFirst := range []bool{false, true} {
+		t.Run(fmt.Sprint("foreign first ", foreignFirst), func(t *testing.T) {
+			s := New(c, fmt.Sprintf("samename%d", time.Now().UnixNano()))
+			if s.RedisKey("p", "a:b") != s.RedisKey("p:a", "b") {
+				t.Fatal("the two keys do not share a name: the test proves nothing")
+			}
+			ctx := context.Background()
+			owner := dedupe.Owner{Holder: "h", Source: "in/0/1"}
+			reqs := []dedupe.DecideRequest{{Namespace: "p", Key: "a:b", Fingerprint: "sha256:a", RulesDigest: "sha256:r",
+				Semantics: dedupe.Strict, Window: time.Minute, Lease: time.Minute, Owner: owner}}
+			for i := range fastPathMin {
+				reqs = append(reqs, dedupe.DecideRequest{Namespace: "p", Key: fmt.Sprintf("k%d", i), Fingerprint: "sha256:a",
+					RulesDigest: "sha256:r", Semantics: dedupe.Strict, Window: time.Minute, Lease: time.Minute,
+					Owner: dedupe.Owner{Holder: "h", Source: fmt.Sprintf("in/0/%d", 10+i)}})
+			}
+			if _, err := s.Decide(ctx, reqs); err != nil {
+				t.Fatal(err)
+			}
+			var comps []dedupe.Completion
+			for _, r := range reqs {
+				comps = append(comps, dedupe.Completion{Namespace: r.Namespace, Key: r.Key, Owner: r.Owner, State: dedupe.Success})
+			}
+			foreign := dedupe.Completion{Namespace: "p:a", Key: "b", Owner: owner, State: dedupe.Success}
+			if foreignFirst {
+				comps = append([]dedupe.Completion{foreign}, comps...)
+			} else {
+				comps = append(comps, foreign)
+			}
+			errs, err := s.Complete(ctx, comps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, c := range comps {
+				if fenced := c.Namespace == "p:a"; fenced != errors.Is(errs[i], dedupe.ErrFenced) || (!fenced && errs[i] != nil) {
+					t.Errorf("completion of %s/%s: %v, want fenced %v", c.Namespace, c.Key, errs[i], fenced)
+				}
+			}
+			if e, ok, err := s.Lookup(ctx, "p", "a:b"); err != nil || !ok || e.State != dedupe.Success {
+				t.Errorf("a:b after the call: %+v %v %v, want SUCCESS", e, ok, err)
+			}
+		})
+	}
+}

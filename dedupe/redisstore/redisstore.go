@@ -533,15 +533,17 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 					cur = &e
 				}
 			}
+			latest[names[i]] = cur
 		}
 		if cur != nil && cur.Key != c.Key {
-			// Another key under the same name: as complete.lua, fenced.
-			cur = nil
+			// Another key under the same name (namespaces that contain
+			// ':'): fenced, as in complete.lua; the entry stays as it is.
+			errs[i] = fmt.Errorf("complete %q: %w (entry expired)", c.Key, dedupe.ErrFenced)
+			continue
 		}
 		next, err := dedupe.ApplyCompletion(cur, c, now)
 		if err != nil {
 			errs[i] = err
-			latest[names[i]] = cur
 			continue
 		}
 		if *next != *cur {

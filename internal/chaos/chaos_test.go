@@ -351,6 +351,7 @@ pipelines:
 		r := rand.New(rand.NewPCG(seed, 2))
 		for _, when := range spread(v.kills, 4, 0.05, 0.95) {
 			if !at(when) {
+				event("SIGKILL of a member not injected: the load phase ended first (waits for a busy target delay the faults after them)")
 				return
 			}
 			pick.Lock()
@@ -381,6 +382,7 @@ pipelines:
 		r := rand.New(rand.NewPCG(seed, 5))
 		for _, when := range spread(v.zombies, 6, 0.1, 0.55) {
 			if !at(when) {
+				event("SIGSTOP of a member not injected: the load phase ended first (waits for a busy target delay the faults after them)")
 				return
 			}
 			pick.Lock()
@@ -413,6 +415,7 @@ pipelines:
 		r := rand.New(rand.NewPCG(seed, 7))
 		for _, when := range spread(v.brokerKills, 8, 0.3, 0.8) {
 			if !at(when) {
+				event("SIGKILL of a broker not injected: the load phase ended first (waits for a busy target delay the faults after them)")
 				return
 			}
 			// The partition to hit: one whose results are being written
@@ -649,10 +652,10 @@ pipelines:
 	t.Logf("instance log lines: %s", strings.Join(seen, " "))
 
 	inj.mu.Lock()
-	injectedLine := fmt.Sprintf("injected: member SIGKILLs %d (mid-batch %d); graceful joins %d, leaves %d (mid-batch %d, longest exit %v, longest join %v); "+
-		"zombie SIGSTOPs %d of %v (mid-batch %d); broker SIGKILLs %d (during result writes %d: %s); redis pauses %d; rolling restart of %d members (longest stall %v)",
-		inj.kills, inj.killsMid, inj.joins, inj.leaves, inj.leavesMid, inj.longestLeave.Round(time.Millisecond), inj.longestJoin.Round(time.Millisecond),
-		inj.zombies, zombiePause, inj.zombieMid, inj.brokerKills, inj.brokerMid, strings.Join(inj.brokerNodes, ", "), inj.redisPauses,
+	injectedLine := fmt.Sprintf("injected: member SIGKILLs %d of %d planned (mid-batch %d); graceful joins %d, leaves %d (mid-batch %d, longest exit %v, longest join %v); "+
+		"zombie SIGSTOPs %d of %d planned, each %v (mid-batch %d); broker SIGKILLs %d of %d planned (during result writes %d: %s); redis pauses %d; rolling restart of %d members (longest stall %v)",
+		inj.kills, v.kills, inj.killsMid, inj.joins, inj.leaves, inj.leavesMid, inj.longestLeave.Round(time.Millisecond), inj.longestJoin.Round(time.Millisecond),
+		inj.zombies, v.zombies, zombiePause, inj.zombieMid, inj.brokerKills, v.brokerKills, inj.brokerMid, strings.Join(inj.brokerNodes, ", "), inj.redisPauses,
 		inj.rolling, inj.rollingStall.length().Round(100*time.Millisecond))
 	inj.mu.Unlock()
 	verdictWord := "PASS"

@@ -48,7 +48,10 @@
 //     session timeout and more); a leave waits for the joiner to hold
 //     records in flight while it stays. A fault counts as mid-batch when
 //     its target held records; a fault type that never landed mid-batch
-//     (for a broker: during result writes) fails the test;
+//     (for a broker: during result writes) fails the test. Waiting for a
+//     busy target delays the faults after it: one whose time comes after
+//     the load phase is not injected, and the summary says how many of
+//     the planned faults ran;
 //   - once the faults are over, requires the group to commit everything
 //     produced until then within what a crash can explain (lease + settle
 //     wait + session timeout + 30s);

@@ -113,6 +113,7 @@ public final class Dedup {
     CountDownLatch done = new CountDownLatch(1);
     Runtime.getRuntime().addShutdownHook(new Thread(() -> {
       streams.close();
+      streams.cleanUp(); // the local state of a run is not kept
       done.countDown();
     }));
     streams.start();
