@@ -119,7 +119,10 @@ func TestThroughput(t *testing.T) {
 		testenv.CreateTopics(t, brokers, partitions, sOut, sDLQ)
 		script := filepath.Join(moduleRoot(t), "internal/load/streams/streams.sh")
 		// Fetching the jars and compiling are no part of the run.
-		if out, err := exec.Command(script, "prepare").CombinedOutput(); err != nil {
+		// (In the environment the run gets, so that both use one cache.)
+		prep := exec.Command(script, "prepare")
+		prep.Env = childEnv()
+		if out, err := prep.CombinedOutput(); err != nil {
 			t.Fatalf("streams.sh prepare: %v\n%s", err, out)
 		}
 		brokerCPU = cpuSeconds(broker)
