@@ -366,7 +366,7 @@ func (f *prefetcher) fetch(offset int64) ([]sinks.Fetched, int64, error) {
 		return r.recs, r.hw, nil
 	}
 	more, hw, err := f.p.cfg.Broker.Fetch(f.gen, f.p.cfg.Input, f.partition, end, time.Millisecond)
-	if err != nil || len(more) == 0 || more[0].Offset < end {
+	if err != nil || len(more) == 0 {
 		// The records in hand go on; the next fetch meets the error.
 		return r.recs, r.hw, nil
 	}

@@ -369,16 +369,16 @@ func (s *Store) completeWatched(ctx context.Context, node *redis.Client, comps [
 	// Completions of one key go into the same transaction, in order.
 	chunkOf := make(map[string]int, len(comps))
 	var chunks [][]int
-	var distinct []int
+	var watched [][]string // each chunk's distinct names
 	for i, name := range names {
 		c, ok := chunkOf[name]
 		if !ok {
-			if len(chunks) == 0 || distinct[len(chunks)-1] == watchChunk {
-				chunks, distinct = append(chunks, nil), append(distinct, 0)
+			if len(chunks) == 0 || len(watched[len(chunks)-1]) == watchChunk {
+				chunks, watched = append(chunks, nil), append(watched, nil)
 			}
 			c = len(chunks) - 1
 			chunkOf[name] = c
-			distinct[c]++
+			watched[c] = append(watched[c], name)
 		}
 		chunks[c] = append(chunks[c], i)
 	}
@@ -398,7 +398,7 @@ func (s *Store) completeWatched(ctx context.Context, node *redis.Client, comps [
 				for j, i := range idx {
 					cc[j], cn[j] = comps[i], names[i]
 				}
-				ce, err := s.completeChunk(ctx, node, cc, cn)
+				ce, err := s.completeChunk(ctx, node, cc, cn, watched[c])
 				if errors.Is(err, redis.TxFailedErr) {
 					ce, err = s.completeScripted(ctx, cc, cn)
 				}
@@ -433,10 +433,10 @@ func firstErr(errs []error) error {
 	return nil
 }
 
-// completeChunk is one transaction of completeWatched. It returns
-// redis.TxFailedErr, and changes nothing, when EXEC found a watched entry
-// changed.
-func (s *Store) completeChunk(ctx context.Context, node *redis.Client, comps []dedupe.Completion, names []string) ([]error, error) {
+// completeChunk is one transaction of completeWatched, over the distinct
+// names in watch. It returns redis.TxFailedErr, and changes nothing, when
+// EXEC found a watched entry changed.
+func (s *Store) completeChunk(ctx context.Context, node *redis.Client, comps []dedupe.Completion, names, watch []string) ([]error, error) {
 	errs := make([]error, len(comps))
 	// inner is what the transaction itself returned, already classified;
 	// any other error is the WATCH's.
@@ -444,7 +444,7 @@ func (s *Store) completeChunk(ctx context.Context, node *redis.Client, comps []d
 	err := node.Watch(ctx, func(tx *redis.Tx) error {
 		inner = s.completeInTx(ctx, tx, comps, names, errs)
 		return inner
-	}, distinctNames(names)...)
+	}, watch...)
 	switch {
 	case err == nil:
 		return errs, nil
@@ -458,18 +458,6 @@ func (s *Store) completeChunk(ctx context.Context, node *redis.Client, comps []d
 // beforeExec, when set (by a test), runs between a transaction's read and
 // its EXEC.
 var beforeExec func(names []string)
-
-func distinctNames(names []string) []string {
-	seen := make(map[string]bool, len(names))
-	out := make([]string, 0, len(names))
-	for _, n := range names {
-		if !seen[n] {
-			seen[n] = true
-			out = append(out, n)
-		}
-	}
-	return out
-}
 
 // completeScripted finishes comps with complete.lua.
 func (s *Store) completeScripted(ctx context.Context, comps []dedupe.Completion, names []string) ([]error, error) {
