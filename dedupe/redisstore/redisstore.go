@@ -526,7 +526,7 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 		if cur != nil && cur.Key != c.Key {
 			// Another key under the same name (namespaces that contain
 			// ':'): fenced, as in complete.lua; the entry stays as it is.
-			errs[i] = fmt.Errorf("complete %q: %w (entry expired)", c.Key, dedupe.ErrFenced)
+			_, errs[i] = dedupe.ApplyCompletion(nil, c, now)
 			continue
 		}
 		next, err := dedupe.ApplyCompletion(cur, c, now)
