@@ -225,3 +225,108 @@ func TestCompleteOfTwoKeysUnderOneName(t *testing.T) {
 		})
 	}
 }
+
+// The WATCH of a completion travels with its reads, so the store itself
+// must make sure none stays on a connection it returns to the pool: when
+// no EXEC runs (every completion refused, nothing to write) it sends
+// UNWATCH. A WATCH left behind would make the next transaction on that
+// connection fail for a key it never read.
+func TestCompleteLeavesNoWatchOnItsConnection(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1}) // one connection: the next user gets it
+	defer c.Close()
+	other := redis.NewClient(&redis.Options{Addr: addr})
+	defer other.Close()
+	s := New(c, fmt.Sprintf("unwatch%d", time.Now().UnixNano()))
+	ctx := context.Background()
+	var reqs []dedupe.DecideRequest
+	for i := range fastPathMin + 2 {
+		reqs = append(reqs, dedupe.DecideRequest{Namespace: "p", Key: fmt.Sprintf("k%d", i), Fingerprint: "sha256:a",
+			RulesDigest: "sha256:r", Semantics: dedupe.Strict, Window: time.Minute, Lease: time.Minute,
+			Owner: dedupe.Owner{Holder: "a", Source: fmt.Sprintf("in/0/%d", i)}, Intent: dedupe.Intent{Partition: 0, Floor: 0}})
+	}
+	for _, tc := range []struct {
+		name  string
+		owner func(i int) dedupe.Owner
+	}{
+		{"every completion refused (no EXEC)", func(int) dedupe.Owner { return dedupe.Owner{Holder: "b", Source: "in/9/9"} }},
+		{"every completion written (EXEC)", func(i int) dedupe.Owner { return reqs[i].Owner }},
+	} {
+		if _, err := s.Decide(ctx, reqs); err != nil {
+			t.Fatal(err)
+		}
+		comps := make([]dedupe.Completion, len(reqs))
+		for i, r := range reqs {
+			comps[i] = dedupe.Completion{Namespace: "p", Key: r.Key, Owner: tc.owner(i), State: dedupe.Success,
+				Result: dedupe.ResultRef{Partition: 0, Offset: int64(i)}, KeepAtLeast: time.Minute}
+		}
+		if _, err := s.Complete(ctx, comps); err != nil {
+			t.Fatal(err)
+		}
+		// Another client changes an entry the completion watched; a
+		// transaction that watches nothing, on the pooled connection (the
+		// way completeChunk takes one), must still run.
+		if err := other.Set(ctx, s.RedisKey("p", "k3"), "changed", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		err := c.Watch(ctx, func(tx *redis.Tx) error {
+			_, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.Set(ctx, s.RedisKey("p", "unrelated"), "v", time.Minute)
+				return nil
+			})
+			return err
+		})
+		if errors.Is(err, redis.TxFailedErr) {
+			t.Errorf("%s: a WATCH stayed on the pooled connection", tc.name)
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if err := other.Del(ctx, s.RedisKey("p", "k3")).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Every record of one key in one Decide call is decided against one state
+// of its entry. Here the first record of K is decided from a read (a
+// replay against its holder's PENDING entry), then the owner completes K
+// as FAILED, and the read grows too old for K's later record, which goes
+// to the script: the read's decision must go with it, so that the earlier
+// record is the rerun and the later one its replay, not the other way
+// round.
+func TestDecideKeepsAKeysRecordsOnOneState(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	s := New(c, fmt.Sprintf("onestate%d", time.Now().UnixNano()))
+	ctx := context.Background()
+	req := func(key string, offset int) dedupe.DecideRequest {
+		return dedupe.DecideRequest{Namespace: "p", Key: key, Fingerprint: "sha256:a", RulesDigest: "sha256:r",
+			Semantics: dedupe.Strict, Window: time.Minute, Lease: time.Minute,
+			Owner: dedupe.Owner{Holder: "h", Source: fmt.Sprintf("in/0/%d", offset)}, Intent: dedupe.Intent{Partition: 0, Floor: 0}}
+	}
+	first := req("K", 1)
+	if _, err := s.Decide(ctx, []dedupe.DecideRequest{first}); err != nil {
+		t.Fatal(err)
+	}
+	batch := []dedupe.DecideRequest{req("K", 2), req("K", 3)}
+	for i := range fastPathMin {
+		batch = append(batch, req(fmt.Sprintf("x%d", i), 10+i))
+	}
+	afterDecideRead = func() {
+		errs, err := s.Complete(ctx, []dedupe.Completion{{Namespace: "p", Key: "K", Owner: first.Owner, State: dedupe.Failed,
+			Result: dedupe.ResultRef{Partition: -1, Offset: dedupe.NoPosition}, FailedTTL: time.Minute}})
+		if err != nil || errs[0] != nil {
+			t.Errorf("complete K as FAILED: %v %v", err, errs)
+		}
+		time.Sleep(readMargin/2 + 50*time.Millisecond) // the read is now too old for K's later record
+	}
+	defer func() { afterDecideRead = nil }()
+	decs, err := s.Decide(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if decs[0].Verdict != dedupe.VerdictFirst || decs[1].Verdict != dedupe.VerdictReplay {
+		t.Errorf("K at offsets 2 and 3: %s, %s; want first (the rerun of FAILED), then replay", decs[0].Verdict, decs[1].Verdict)
+	}
+}

@@ -29,7 +29,11 @@
 // TIME per batch: no script runs. Records whose key exists, and later
 // records of a key already in the batch (so that one key's records are
 // decided in order), go to decide.lua, one script call per group of up to
-// 512 records (per hash slot on a cluster). A batch thus costs three round
+// 512 records (per hash slot on a cluster). Existing keys whose decision
+// changes nothing (a replay, a conflict, a key pending elsewhere) are
+// decided in Go from a GET; when a later record of such a key needs the
+// script, the records decided from the GET go with it, so that every
+// record of a key in one call is decided on one state of its entry. A batch thus costs three round
 // trips at most, however large; batches under 8 records skip TIME and SET
 // NX and take one round trip to decide.lua.
 //

@@ -166,34 +166,57 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 			return nil, classify("decide", err)
 		}
 	}
+	// fromRead holds, per key, the records decided from a read so far:
+	// when a later record of the key needs the script, they go with it,
+	// so that every record of a key is decided against one state of its
+	// entry. (Another holder may change it between the read and the
+	// script: a record judged against the older state and a later one
+	// against the newer would be decided out of order. A decision from a
+	// read writes nothing, so deciding it again is safe.)
+	fromRead := map[string][]int{}
 	if len(existing) > 0 {
 		scripted, err := s.decideRead(ctx, reqs, names, existing, now, timeRead, out, known)
 		if err != nil {
 			return nil, err
 		}
 		slow = append(slow, scripted...)
+		for _, i := range existing {
+			if _, ok := known[names[i]]; ok {
+				fromRead[names[i]] = append(fromRead[names[i]], i)
+			}
+		}
 	}
 	// A later record of a key decided above in this batch (a retry close
 	// behind its first copy) is decided here from the known entry when
 	// that changes nothing (a replay or a conflict against this holder's
 	// own PENDING entry); once one of a key's records needs the script,
 	// the key's later ones follow it there, in order.
+	if afterDecideRead != nil {
+		afterDecideRead()
+	}
 	stale := time.Since(timeRead) > readMargin/2
+	toScript := func(i int) {
+		delete(known, names[i])
+		slow = append(slow, fromRead[names[i]]...)
+		delete(fromRead, names[i])
+		slow = append(slow, i)
+	}
 	for _, i := range later {
 		e := known[names[i]]
 		if e == nil || stale || nearBoundary(e, reqs[i], now) {
-			delete(known, names[i])
-			slow = append(slow, i)
+			toScript(i)
 			continue
 		}
 		dec, next := dedupe.Apply(e, reqs[i], now)
 		if next != nil {
-			delete(known, names[i])
-			slow = append(slow, i)
+			toScript(i)
 			continue
 		}
 		dec.Entry.Now = now
 		out[i] = dec
+		if _, ok := fromRead[names[i]]; ok {
+			fromRead[names[i]] = append(fromRead[names[i]], i)
+		}
 	}
 	sort.Ints(slow)
 	if len(slow) == 0 {
@@ -442,9 +465,9 @@ func (s *Store) completeChunk(ctx context.Context, node *redis.Client, comps []d
 	// any other error is the WATCH's.
 	var inner error
 	err := node.Watch(ctx, func(tx *redis.Tx) error {
-		inner = s.completeInTx(ctx, tx, comps, names, errs)
+		inner = s.completeInTx(ctx, tx, comps, names, watch, errs)
 		return inner
-	}, watch...)
+	})
 	switch {
 	case err == nil:
 		return errs, nil
@@ -458,6 +481,10 @@ func (s *Store) completeChunk(ctx context.Context, node *redis.Client, comps []d
 // beforeExec, when set (by a test), runs between a transaction's read and
 // its EXEC.
 var beforeExec func(names []string)
+
+// afterDecideRead, when set (by a test), runs after Decide's reads, before
+// the later records of a key are decided.
+var afterDecideRead func()
 
 // completeScripted finishes comps with complete.lua.
 func (s *Store) completeScripted(ctx context.Context, comps []dedupe.Completion, names []string) ([]error, error) {
@@ -489,13 +516,29 @@ func (s *Store) completeScripted(ctx context.Context, comps []dedupe.Completion,
 	return errs, nil
 }
 
-// completeInTx is completeWatched's transaction, on the connection that
-// holds the WATCH. It fills errs and returns redis.TxFailedErr when EXEC
-// found a watched entry changed.
-func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.Completion, names []string, errs []error) error {
+// completeInTx is completeWatched's transaction on tx's connection: the
+// WATCH of the distinct names in watch travels with the reads, in one
+// round trip, and MULTI/EXEC is the second. It fills errs and returns
+// redis.TxFailedErr when EXEC found a watched entry changed.
+func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.Completion, names, watch []string, errs []error) (err error) {
+	// Until an EXEC runs (it unwatches, committed or not), the WATCH must
+	// not stay on a connection that goes back to the pool: another
+	// transaction on it would fail for keys it never read.
+	armed := true
+	defer func() {
+		if armed {
+			_ = tx.Unwatch(ctx).Err()
+		}
+	}()
 	var clock *redis.TimeCmd
 	var read *redis.SliceCmd
 	if _, err := tx.Pipelined(ctx, func(p redis.Pipeliner) error {
+		args := make([]any, 1+len(watch))
+		args[0] = "WATCH"
+		for i, name := range watch {
+			args[1+i] = name
+		}
+		p.Do(ctx, args...)
 		clock = p.Time(ctx)
 		read = p.MGet(ctx, names...)
 		return nil
@@ -563,6 +606,9 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 		}
 		return nil
 	})
+	if err == nil || errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err) {
+		armed = false
+	}
 	if err != nil {
 		if errors.Is(err, redis.TxFailedErr) {
 			return err

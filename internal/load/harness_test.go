@@ -2,6 +2,7 @@ package load
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -407,6 +408,38 @@ func label(labels, name string) string {
 	}
 	v, _, _ := strings.Cut(rest, `"`)
 	return v
+}
+
+// bucketQuantile is the upper bound of the histogram bucket that holds
+// quantile q of metric's observations whose label by is value ("+Inf"
+// past the last bucket, "?" without observations).
+func bucketQuantile(all []series, metric, by, value string, q float64) string {
+	type bucket struct{ le, count float64 }
+	var bs []bucket
+	for _, s := range all {
+		if s.name != metric+"_bucket" || label(s.labels, by) != value {
+			continue
+		}
+		le, err := strconv.ParseFloat(label(s.labels, "le"), 64)
+		if err != nil {
+			continue
+		}
+		bs = append(bs, bucket{le, s.value})
+	}
+	slices.SortFunc(bs, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
+	if len(bs) == 0 || bs[len(bs)-1].count == 0 {
+		return "?"
+	}
+	want := q * bs[len(bs)-1].count
+	for _, b := range bs {
+		if b.count >= want {
+			if math.IsInf(b.le, 1) {
+				return "+Inf"
+			}
+			return fmt.Sprintf("%.1f ms", b.le*1e3)
+		}
+	}
+	return "+Inf"
 }
 
 // sumBy adds the samples of metric by the value of one label.

@@ -99,3 +99,27 @@ func TestCPUSecondsOfThisProcess(t *testing.T) {
 		}
 	}
 }
+
+func TestBucketQuantile(t *testing.T) {
+	text := `# TYPE idemstream_store_duration_seconds histogram
+idemstream_store_duration_seconds_bucket{op="decide",le="0.001"} 50
+idemstream_store_duration_seconds_bucket{op="decide",le="0.002"} 98
+idemstream_store_duration_seconds_bucket{op="decide",le="0.004"} 99
+idemstream_store_duration_seconds_bucket{op="decide",le="+Inf"} 100
+idemstream_store_duration_seconds_bucket{op="complete",le="0.001"} 0
+idemstream_store_duration_seconds_bucket{op="complete",le="+Inf"} 0
+`
+	all, err := parseMetrics(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		op   string
+		q    float64
+		want string
+	}{{"decide", 0.5, "1.0 ms"}, {"decide", 0.9, "2.0 ms"}, {"decide", 0.99, "4.0 ms"}, {"decide", 1, "+Inf"}, {"complete", 0.99, "?"}, {"renew", 0.99, "?"}} {
+		if got := bucketQuantile(all, "idemstream_store_duration_seconds", "op", c.op, c.q); got != c.want {
+			t.Errorf("%s q%v = %q, want %q", c.op, c.q, got, c.want)
+		}
+	}
+}

@@ -249,7 +249,8 @@ func reportStore(t *testing.T, metrics []series, records int) {
 	batches := sumBy(metrics, "idemstream_decision_duration_seconds_count", "pipeline")["load"]
 	batchSecs := sumBy(metrics, "idemstream_decision_duration_seconds_sum", "pipeline")["load"]
 	if batches > 0 {
-		t.Logf("idemstream batches: %.0f (%.0f records each), mean fetch to commit-ready %.1f ms", batches, float64(records)/batches, batchSecs*1e3/batches)
+		t.Logf("idemstream batches: %.0f (%.0f records each), mean fetch to commit-ready %.1f ms, p99 <= %s",
+			batches, float64(records)/batches, batchSecs*1e3/batches, bucketQuantile(metrics, "idemstream_decision_duration_seconds", "pipeline", "load", 0.99))
 	}
 	counts := sumBy(metrics, "idemstream_store_duration_seconds_count", "op")
 	secs := sumBy(metrics, "idemstream_store_duration_seconds_sum", "op")
@@ -261,7 +262,8 @@ func reportStore(t *testing.T, metrics []series, records int) {
 	var parts []string
 	for _, op := range ops {
 		if counts[op] > 0 {
-			parts = append(parts, fmt.Sprintf("%s %.0f calls, mean %.1f ms", op, counts[op], secs[op]*1e3/counts[op]))
+			parts = append(parts, fmt.Sprintf("%s %.0f calls, mean %.1f ms, p99 <= %s", op, counts[op], secs[op]*1e3/counts[op],
+				bucketQuantile(metrics, "idemstream_store_duration_seconds", "op", op, 0.99)))
 		}
 	}
 	t.Logf("idemstream store calls: %s", strings.Join(parts, "; "))
