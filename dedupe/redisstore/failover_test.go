@@ -200,20 +200,27 @@ func (f *sentinelFailover) fault(t *testing.T) func(partitioned *atomic.Bool) {
 		f.master.Kill()
 		f.proxy.Cut()
 		partitioned.Store(false)
-		sc := redis.NewSentinelClient(&redis.Options{Addr: f.sentinels[0]})
-		defer sc.Close()
+		// Every Sentinel must know of the promotion before the old
+		// master's address answers again: one that does not still takes
+		// the empty server there for the master and turns the promoted
+		// replica back into its replica, which empties it.
 		want := strconv.Itoa(f.replica.Port())
 		deadline := time.Now().Add(30 * time.Second)
-		for {
-			addr, err := sc.GetMasterAddrByName(context.Background(), "mymaster").Result()
-			if err == nil && len(addr) == 2 && addr[1] == want {
-				break
+		for _, a := range f.sentinels {
+			sc := redis.NewSentinelClient(&redis.Options{Addr: a})
+			for {
+				addr, err := sc.GetMasterAddrByName(context.Background(), "mymaster").Result()
+				if err == nil && len(addr) == 2 && addr[1] == want {
+					break
+				}
+				if time.Now().After(deadline) {
+					sc.Close()
+					t.Errorf("Sentinel %s did not learn of the promotion within 30s: %v %v", a, addr, err)
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
-			if time.Now().After(deadline) {
-				t.Errorf("Sentinel did not promote the replica within 30s: %v %v", addr, err)
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
+			sc.Close()
 		}
 		f.master.Start() // empty: no AOF, no snapshot
 	}
