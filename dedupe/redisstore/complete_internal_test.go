@@ -16,22 +16,36 @@ import (
 	"github.com/idemstream/idemstream/internal/testenv"
 )
 
+// storeOn is a Store on a client of its own, under a prefix that starts
+// with name and no other run shares.
+func storeOn(t *testing.T, opts *redis.Options, name string) (*Store, *redis.Client) {
+	t.Helper()
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { c.Close() })
+	return New(c, fmt.Sprintf("%s%d", name, time.Now().UnixNano())), c
+}
+
+// pendingReq asks for key in namespace "p" as holder, for the record at
+// offset of in/0, strict, with a one-minute window.
+func pendingReq(key, holder string, offset int, lease time.Duration) dedupe.DecideRequest {
+	return dedupe.DecideRequest{Namespace: "p", Key: key, Fingerprint: "sha256:a", RulesDigest: "sha256:r",
+		Semantics: dedupe.Strict, Window: time.Minute, Lease: lease,
+		Owner: dedupe.Owner{Holder: holder, Source: fmt.Sprintf("in/0/%d", offset)}, Intent: dedupe.Intent{Partition: 0, Floor: 0}}
+}
+
 // When another holder takes a key over between a transaction's read and
 // its EXEC, EXEC must do nothing and complete.lua must decide the
 // transaction's completions again: the taken key's completion is fenced,
 // the others of its transaction and of the other transactions succeed.
 func TestCompleteFallsBackToTheScriptWhenAnEntryChanges(t *testing.T) {
-	addr := testenv.RedisAddr(t)
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	s := New(c, fmt.Sprintf("fallback%d", time.Now().UnixNano()))
+	s, _ := storeOn(t, &redis.Options{Addr: testenv.RedisAddr(t)}, "fallback")
 	ctx := context.Background()
 	const n = 2*watchChunk + 5 // three transactions
 	var mine []dedupe.DecideRequest
 	for i := range n {
-		mine = append(mine, dedupe.DecideRequest{Namespace: "p", Key: fmt.Sprintf("k%03d", i), Fingerprint: "sha256:a",
-			RulesDigest: "sha256:r", Semantics: dedupe.Strict, Window: time.Minute, Lease: time.Second,
-			Owner: dedupe.Owner{Holder: "holder-a", Source: fmt.Sprintf("in/0/%d", i)}, Intent: dedupe.Intent{Partition: 1, Floor: 0}})
+		r := pendingReq(fmt.Sprintf("k%03d", i), "holder-a", i, time.Second)
+		r.Intent.Partition = 1
+		mine = append(mine, r)
 	}
 	if _, err := s.Decide(ctx, mine); err != nil {
 		t.Fatal(err)
@@ -233,17 +247,13 @@ func TestCompleteOfTwoKeysUnderOneName(t *testing.T) {
 // connection fail for a key it never read.
 func TestCompleteLeavesNoWatchOnItsConnection(t *testing.T) {
 	addr := testenv.RedisAddr(t)
-	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1}) // one connection: the next user gets it
-	defer c.Close()
+	s, c := storeOn(t, &redis.Options{Addr: addr, PoolSize: 1}, "unwatch") // one connection: the next user gets it
 	other := redis.NewClient(&redis.Options{Addr: addr})
 	defer other.Close()
-	s := New(c, fmt.Sprintf("unwatch%d", time.Now().UnixNano()))
 	ctx := context.Background()
 	var reqs []dedupe.DecideRequest
 	for i := range fastPathMin + 2 {
-		reqs = append(reqs, dedupe.DecideRequest{Namespace: "p", Key: fmt.Sprintf("k%d", i), Fingerprint: "sha256:a",
-			RulesDigest: "sha256:r", Semantics: dedupe.Strict, Window: time.Minute, Lease: time.Minute,
-			Owner: dedupe.Owner{Holder: "a", Source: fmt.Sprintf("in/0/%d", i)}, Intent: dedupe.Intent{Partition: 0, Floor: 0}})
+		reqs = append(reqs, pendingReq(fmt.Sprintf("k%d", i), "a", i, time.Minute))
 	}
 	for _, tc := range []struct {
 		name  string
@@ -295,16 +305,9 @@ func TestCompleteLeavesNoWatchOnItsConnection(t *testing.T) {
 // record is the rerun and the later one its replay, not the other way
 // round.
 func TestDecideKeepsAKeysRecordsOnOneState(t *testing.T) {
-	addr := testenv.RedisAddr(t)
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	s := New(c, fmt.Sprintf("onestate%d", time.Now().UnixNano()))
+	s, _ := storeOn(t, &redis.Options{Addr: testenv.RedisAddr(t)}, "onestate")
 	ctx := context.Background()
-	req := func(key string, offset int) dedupe.DecideRequest {
-		return dedupe.DecideRequest{Namespace: "p", Key: key, Fingerprint: "sha256:a", RulesDigest: "sha256:r",
-			Semantics: dedupe.Strict, Window: time.Minute, Lease: time.Minute,
-			Owner: dedupe.Owner{Holder: "h", Source: fmt.Sprintf("in/0/%d", offset)}, Intent: dedupe.Intent{Partition: 0, Floor: 0}}
-	}
+	req := func(key string, offset int) dedupe.DecideRequest { return pendingReq(key, "h", offset, time.Minute) }
 	first := req("K", 1)
 	if _, err := s.Decide(ctx, []dedupe.DecideRequest{first}); err != nil {
 		t.Fatal(err)

@@ -186,14 +186,14 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 			}
 		}
 	}
+	if afterDecideRead != nil {
+		afterDecideRead()
+	}
 	// A later record of a key decided above in this batch (a retry close
 	// behind its first copy) is decided here from the known entry when
 	// that changes nothing (a replay or a conflict against this holder's
 	// own PENDING entry); once one of a key's records needs the script,
 	// the key's later ones follow it there, in order.
-	if afterDecideRead != nil {
-		afterDecideRead()
-	}
 	stale := time.Since(timeRead) > readMargin/2
 	toScript := func(i int) {
 		delete(known, names[i])
@@ -457,25 +457,18 @@ func firstErr(errs []error) error {
 }
 
 // completeChunk is one transaction of completeWatched, over the distinct
-// names in watch. It returns redis.TxFailedErr, and changes nothing, when
-// EXEC found a watched entry changed.
+// names in watch, on a connection of its own (node.Watch with no keys:
+// completeInTx sends the WATCH itself). It returns redis.TxFailedErr, and
+// changes nothing, when EXEC found a watched entry changed; any other
+// error is already classified.
 func (s *Store) completeChunk(ctx context.Context, node *redis.Client, comps []dedupe.Completion, names, watch []string) ([]error, error) {
 	errs := make([]error, len(comps))
-	// inner is what the transaction itself returned, already classified;
-	// any other error is the WATCH's.
-	var inner error
-	err := node.Watch(ctx, func(tx *redis.Tx) error {
-		inner = s.completeInTx(ctx, tx, comps, names, watch, errs)
-		return inner
-	})
-	switch {
-	case err == nil:
-		return errs, nil
-	case err == inner:
+	if err := node.Watch(ctx, func(tx *redis.Tx) error {
+		return s.completeInTx(ctx, tx, comps, names, watch, errs)
+	}); err != nil {
 		return nil, err
-	default:
-		return nil, classify("complete", err)
 	}
+	return errs, nil
 }
 
 // beforeExec, when set (by a test), runs between a transaction's read and
@@ -520,7 +513,7 @@ func (s *Store) completeScripted(ctx context.Context, comps []dedupe.Completion,
 // WATCH of the distinct names in watch travels with the reads, in one
 // round trip, and MULTI/EXEC is the second. It fills errs and returns
 // redis.TxFailedErr when EXEC found a watched entry changed.
-func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.Completion, names, watch []string, errs []error) (err error) {
+func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.Completion, names, watch []string, errs []error) error {
 	// Until an EXEC runs (it unwatches, committed or not), the WATCH must
 	// not stay on a connection that goes back to the pool: another
 	// transaction on it would fail for keys it never read.
