@@ -1,7 +1,9 @@
 package dedupe
 
 import (
+	"encoding/binary"
 	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"unicode/utf8"
@@ -102,6 +104,13 @@ var stringSafe = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// lsb and msb have the lowest and the highest bit of each byte set: the
+// string scanner tests eight bytes at once with them.
+const (
+	lsb = 0x0101010101010101
+	msb = 0x8080808080808080
+)
 
 func isJSONSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\r' || c == '\t' }
 
@@ -257,11 +266,24 @@ func (p *jsonParser) scanString(start int) (end int, escaped bool, err error) {
 	d := p.data
 	i := start + 1
 	for i < len(d) {
-		c := d[i]
-		if stringSafe[c] {
+		if i+8 <= len(d) {
+			// Eight bytes at a time: flag each control character, quote,
+			// backslash and non-ASCII byte with the "has a zero byte"
+			// tests. They can flag a byte after a real hit, never one
+			// before it, so the lowest flag is the first byte to handle.
+			x := binary.LittleEndian.Uint64(d[i:])
+			q, b := x^(lsb*'"'), x^(lsb*'\\')
+			hits := (x | (x-lsb*0x20)&^x | (q-lsb)&^q | (b-lsb)&^b) & msb
+			if hits == 0 {
+				i += 8
+				continue
+			}
+			i += bits.TrailingZeros64(hits) >> 3
+		} else if stringSafe[d[i]] {
 			i++
 			continue
 		}
+		c := d[i]
 		switch {
 		case c == '"':
 			return i + 1, escaped, nil
@@ -521,19 +543,33 @@ func (p *jsonParser) sortMembers(idx int, count int32) error {
 	}
 	p.keys = keys
 	if len(keys) > 1 {
+		tied := true
 		// Most objects are small; insertion sort with the comparison
-		// inlined beats the generic sort's overhead there.
+		// inlined beats the generic sort's overhead there. It compares
+		// every two members that end up next to each other, so a
+		// duplicate name shows as a tie.
 		if len(keys) <= 12 {
+			tied = false
 			for i := 1; i < len(keys); i++ {
-				for j := i; j > 0 && compareUTF16(keys[j].name, keys[j-1].name) < 0; j-- {
-					keys[j], keys[j-1] = keys[j-1], keys[j]
+				k := keys[i]
+				j := i
+				for ; j > 0; j-- {
+					cmp := compareUTF16(k.name, keys[j-1].name)
+					if cmp >= 0 {
+						tied = tied || cmp == 0
+						break
+					}
+					keys[j] = keys[j-1]
 				}
+				keys[j] = k
 			}
 		} else {
 			slices.SortFunc(keys, func(a, b memberKey) int { return compareUTF16(a.name, b.name) })
 		}
-		if err := p.checkDuplicates(keys); err != nil {
-			return err
+		if tied {
+			if err := p.checkDuplicates(keys); err != nil {
+				return err
+			}
 		}
 	}
 	for _, k := range keys {

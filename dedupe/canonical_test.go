@@ -752,6 +752,87 @@ func TestCanonicalMalformed(t *testing.T) {
 	}
 }
 
+// Every byte that is not plain in a string (escape, quote, control
+// character, invalid UTF-8) must be found wherever it falls, and a string
+// cut off at any length must be unterminated, never read past its end.
+func TestCanonicalStringScanBoundaries(t *testing.T) {
+	c := newCanon(t, CanonicalRules{})
+	for n := 0; n <= 24; n++ {
+		in := `"` + strings.Repeat("a", n)
+		if _, err := c.Fingerprint([]byte(in)); err == nil || err.Error() != "malformed payload: unterminated string at offset 0" {
+			t.Errorf("%q: err = %v, want unterminated string", in, err)
+		}
+	}
+	for _, tc := range []struct{ ins, canon, msg string }{
+		{`\n`, `\n`, ""},
+		{`\\`, `\\`, ""},
+		{`\u0041`, "A", ""},
+		{"é", "é", ""},
+		{" ", " ", ""},
+		{"\x7f", "\x7f", ""},
+		{`"`, "", "after array element"},
+		{"\x01", "", "control character 0x1 in string"},
+		{"\x1f", "", "control character 0x1f in string"},
+		{"\xff", "", "invalid utf-8"},
+	} {
+		for at := 0; at <= 20; at++ {
+			body := strings.Repeat("a", at) + tc.ins + strings.Repeat("b", 20-at)
+			in := `["` + body + `"]`
+			out, err := c.AppendCanonical(nil, []byte(in))
+			if tc.msg != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.msg) {
+					t.Errorf("%q: err = %v, want %q", in, err, tc.msg)
+				}
+				continue
+			}
+			want := `["` + strings.Repeat("a", at) + tc.canon + strings.Repeat("b", 20-at) + `"]`
+			if err != nil || string(out) != want {
+				t.Errorf("%q: %q, %v; want %q", in, out, err, want)
+			}
+		}
+	}
+}
+
+// Small objects are sorted by insertion, which notices a duplicate name as
+// a tie between two members it compares; larger ones are checked after the
+// sort. Either way an object is rejected exactly when a name repeats.
+func TestCanonicalDuplicatesInAnyOrder(t *testing.T) {
+	c := newCanon(t, CanonicalRules{})
+	rng := rand.New(rand.NewPCG(7, 11))
+	// Names as written in the payload; the escaped ones equal others.
+	names := []string{"a", "b", "c", "ab", "ba", `\u0061`, "é", "😀", `\ud83d\ude00`, "\uffff", `\uffff`, "z"}
+	decoded := map[string]string{`\u0061`: "a", `\ud83d\ude00`: "😀", `\uffff`: "\uffff"}
+	for range 5000 {
+		n := 1 + rng.IntN(16)
+		seen := map[string]bool{}
+		dup := false
+		var b strings.Builder
+		b.WriteString("{")
+		for i := range n {
+			name := names[rng.IntN(len(names))]
+			key := name
+			if d, ok := decoded[name]; ok {
+				key = d
+			}
+			dup = dup || seen[key]
+			seen[key] = true
+			if i > 0 {
+				b.WriteString(",")
+			}
+			fmt.Fprintf(&b, `"%s":%d`, name, i)
+		}
+		b.WriteString("}")
+		in := b.String()
+		_, err := c.Fingerprint([]byte(in))
+		switch {
+		case dup && (err == nil || !strings.Contains(err.Error(), "duplicate member name")):
+			t.Fatalf("%s: err = %v, want a duplicate", in, err)
+		case !dup && err != nil:
+			t.Fatalf("%s: %v", in, err)
+		}
+	}
+}
+
 func TestCanonicalDuplicateMessage(t *testing.T) {
 	c := newCanon(t, CanonicalRules{})
 	in := `{"coupon": "SPRING", "user": 7, "amount": 100, "amount": 100}`
