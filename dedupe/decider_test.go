@@ -497,3 +497,19 @@ func TestClassify(t *testing.T) {
 		}
 	}
 }
+
+func TestRecordSource(t *testing.T) {
+	long := strings.Repeat("commands.", 12) // longer than Source's buffer
+	for _, tc := range []struct {
+		rec  dedupe.Record
+		want string
+	}{
+		{dedupe.Record{Topic: "coupon.claim.commands", Partition: 3, Offset: 123456789}, "coupon.claim.commands/3/123456789"},
+		{dedupe.Record{Topic: "t", Partition: 0, Offset: 0}, "t/0/0"},
+		{dedupe.Record{Topic: long, Partition: 1023, Offset: 1<<63 - 1}, long + "/1023/9223372036854775807"},
+	} {
+		if got := tc.rec.Source(); got != tc.want {
+			t.Errorf("Source() = %q, want %q", got, tc.want)
+		}
+	}
+}

@@ -27,5 +27,11 @@ type Record struct {
 // Source is the record's position as the idemstream-source header spells
 // it: topic/partition/offset.
 func (r Record) Source() string {
-	return r.Topic + "/" + strconv.Itoa(r.Partition) + "/" + strconv.FormatInt(r.Offset, 10)
+	// Built in one buffer: every record needs it, and concatenating the
+	// formatted numbers allocates once per number as well.
+	var buf [80]byte
+	b := append(buf[:0], r.Topic...)
+	b = strconv.AppendInt(append(b, '/'), int64(r.Partition), 10)
+	b = strconv.AppendInt(append(b, '/'), r.Offset, 10)
+	return string(b)
 }

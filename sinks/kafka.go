@@ -297,8 +297,20 @@ func toKafka(hs []dedupe.Header) []kafka.Header {
 // the record set is read further.
 func FromKafka(hs []kafka.Header) []dedupe.Header {
 	out := make([]dedupe.Header, len(hs))
+	n := 0
+	for _, h := range hs {
+		n += len(h.Value)
+	}
+	// The values are copied into one buffer: every input record's
+	// headers pass here.
+	buf := make([]byte, 0, n)
 	for i, h := range hs {
-		out[i] = dedupe.Header{Key: h.Key, Value: append([]byte(nil), h.Value...)}
+		out[i].Key = h.Key
+		if len(h.Value) > 0 {
+			start := len(buf)
+			buf = append(buf, h.Value...)
+			out[i].Value = buf[start:len(buf):len(buf)]
+		}
 	}
 	return out
 }

@@ -174,3 +174,18 @@ func deleteRecords(t *testing.T, brokers, topic string, partition int32, offset 
 		}
 	}
 }
+
+// Fetched headers are copied: kafka-go may reuse the memory they point into.
+func TestFromKafkaCopiesHeaderValues(t *testing.T) {
+	in := []kafka.Header{{Key: "Idempotency-Key", Value: []byte("9f8a")}, {Key: "empty"}, {Key: "trace", Value: []byte("abc")}}
+	out := sinks.FromKafka(in)
+	in[0].Value[0], in[2].Value[0] = 'X', 'X'
+	if len(out) != 3 || out[0].Key != "Idempotency-Key" || string(out[0].Value) != "9f8a" ||
+		out[1].Key != "empty" || out[1].Value != nil || out[2].Key != "trace" || string(out[2].Value) != "abc" {
+		t.Errorf("FromKafka = %q", out)
+	}
+	out[0].Value = append(out[0].Value, "more"...)
+	if string(out[2].Value) != "abc" {
+		t.Errorf("appending to one value changed the next: %q", out[2].Value)
+	}
+}

@@ -45,12 +45,22 @@ func ResultKey(rec *dedupe.Record, idemKey string) []byte {
 // Result builds the result record of a first copy: the handler's value,
 // the input headers, and the idemstream headers of SPEC.
 func Result(topic string, partition int, rec *dedupe.Record, o *dedupe.Outcome, value []byte, extra []dedupe.Header) Message {
-	hs := withHeaders(rec.Headers, extra...)
-	hs = append(hs,
-		header(HeaderKey, o.Key),
-		header(HeaderFingerprint, o.Fingerprint),
-		header(HeaderSource, rec.Source()),
-		header(HeaderOutcome, string(dedupe.OutcomeFirst)))
+	// One result per first copy: its headers and their values are
+	// allocated once each, not once per header.
+	hs := make([]dedupe.Header, 0, len(rec.Headers)+len(extra)+4)
+	hs = append(append(hs, rec.Headers...), extra...)
+	source := rec.Source()
+	vals := make([]byte, 0, len(o.Key)+len(o.Fingerprint)+len(source)+len(dedupe.OutcomeFirst))
+	for _, h := range [...]struct{ k, v string }{
+		{HeaderKey, o.Key},
+		{HeaderFingerprint, o.Fingerprint},
+		{HeaderSource, source},
+		{HeaderOutcome, string(dedupe.OutcomeFirst)},
+	} {
+		start := len(vals)
+		vals = append(vals, h.v...)
+		hs = append(hs, dedupe.Header{Key: h.k, Value: vals[start:len(vals):len(vals)]})
+	}
 	return Message{Topic: topic, Partition: partition, Key: ResultKey(rec, o.Key), Value: value, Headers: hs}
 }
 

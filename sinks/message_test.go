@@ -88,7 +88,7 @@ func TestResultAndReplyHeaders(t *testing.T) {
 	if string(r.Key) != "9f8a" || r.Partition != 4 || string(r.Value) != "done" {
 		t.Errorf("result: key %q partition %d value %q; an input without a key gets the idempotency key", r.Key, r.Partition, r.Value)
 	}
-	for k, v := range map[string]string{"idemstream-key": "9f8a", "idemstream-outcome": "first",
+	for k, v := range map[string]string{"idemstream-key": "9f8a", "idemstream-outcome": "first", "idemstream-fingerprint": o.Fingerprint,
 		"idemstream-source": "coupon.claim.commands/3/17", "x-handler": "1", "Idempotency-Key": "9f8a"} {
 		if got, _ := sinks.HeaderValue(r.Headers, k); got != v {
 			t.Errorf("result %s = %q, want %q", k, got, v)

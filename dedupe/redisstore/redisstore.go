@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -256,7 +257,7 @@ func (s *Store) decideRead(ctx context.Context, reqs []dedupe.DecideRequest, nam
 			scripted = append(scripted, i)
 			continue
 		}
-		cur, err := parseEntry(strconv.FormatInt(now.UnixMilli(), 10), raw)
+		cur, err := decodeEntry(now.UnixMilli(), raw)
 		if err != nil || cur.Key != reqs[i].Key || nearBoundary(&cur, reqs[i], now) {
 			scripted = append(scripted, i)
 			continue
@@ -523,29 +524,45 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 			_ = tx.Unwatch(ctx).Err()
 		}
 	}()
-	var clock *redis.TimeCmd
-	var read *redis.SliceCmd
-	if _, err := tx.Pipelined(ctx, func(p redis.Pipeliner) error {
-		args := make([]any, 1+len(watch))
-		args[0] = "WATCH"
-		for i, name := range watch {
-			args[1+i] = name
+	// Each name becomes an interface value once, for WATCH, MGET and SET
+	// alike: the conversion allocates.
+	watchArgs := make([]any, 1+len(watch))
+	watchArgs[0] = "WATCH"
+	for i, name := range watch {
+		watchArgs[1+i] = name
+	}
+	key := func(name string) any {
+		if i := slices.Index(watch, name); i >= 0 {
+			return watchArgs[1+i]
 		}
-		p.Do(ctx, args...)
+		return name
+	}
+	var clock *redis.TimeCmd
+	var read *redis.Cmd
+	if _, err := tx.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Do(ctx, watchArgs...)
 		clock = p.Time(ctx)
-		read = p.MGet(ctx, names...)
+		mget := make([]any, 1+len(names))
+		mget[0] = "MGET"
+		for i, name := range names {
+			mget[1+i] = key(name)
+		}
+		read = p.Do(ctx, mget...)
 		return nil
 	}); err != nil {
 		return classify("complete", err)
 	}
 	now := time.UnixMilli(clock.Val().UnixMilli())
-	nowMs := strconv.FormatInt(now.UnixMilli(), 10)
-	vals := read.Val()
+	vals, err := read.Slice()
+	if err != nil {
+		return classify("complete", err)
+	}
 	if len(vals) != len(names) {
 		return fmt.Errorf("complete: %d entries read for %d completions", len(vals), len(names))
 	}
 	// latest is each entry as this batch leaves it, for a key
 	// completed twice in one call.
+	stored := make([]dedupe.Entry, len(comps))
 	latest := make(map[string]*dedupe.Entry, len(comps))
 	changed := make(map[string]bool, len(comps))
 	var order []string
@@ -553,8 +570,9 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 		cur, seen := latest[names[i]]
 		if !seen {
 			if raw, ok := vals[i].(string); ok {
-				if e, err := parseEntry(nowMs, raw); err == nil {
-					cur = &e
+				if e, err := decodeEntry(now.UnixMilli(), raw); err == nil {
+					stored[i] = e
+					cur = &stored[i]
 				}
 			}
 			latest[names[i]] = cur
@@ -595,7 +613,7 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 			e := latest[name]
 			start := len(buf)
 			buf = appendEntry(buf, e)
-			p.Do(ctx, "SET", name, buf[start:len(buf):len(buf)], "PXAT", e.RetainUntil().UnixMilli())
+			p.Do(ctx, "SET", key(name), buf[start:len(buf):len(buf)], "PXAT", e.RetainUntil().UnixMilli())
 		}
 		return nil
 	})
@@ -851,17 +869,36 @@ func parseDecision(now any, rep []any) (dedupe.Decision, error) {
 
 const sep = "\x1f"
 
+// parseEntry decodes an entry and the server's clock from a script's
+// reply.
 func parseEntry(now, raw any) (dedupe.Entry, error) {
-	var e dedupe.Entry
 	nowMs, err := num(now)
 	if err != nil {
-		return e, err
+		return dedupe.Entry{}, err
 	}
+	return decodeEntry(nowMs, str(raw))
+}
+
+// decodeEntry decodes a stored entry read at nowMs on the server's clock.
+func decodeEntry(nowMs int64, raw string) (dedupe.Entry, error) {
+	var e dedupe.Entry
+	var err error
 	e.Now = time.UnixMilli(nowMs)
-	f := strings.SplitN(str(raw), sep, 14)
-	if len(f) != 14 {
-		return e, fmt.Errorf("stored entry is not an idemstream entry: %.80q", str(raw))
+	// The fields, split on the stack: an entry is read for every
+	// completion and for most decisions of a known key.
+	var f [14]string
+	rest, n := raw, 0
+	for ; n < 13; n++ {
+		field, more, ok := strings.Cut(rest, sep)
+		if !ok {
+			break
+		}
+		f[n], rest = field, more
 	}
+	if n != 13 {
+		return e, fmt.Errorf("stored entry is not an idemstream entry: %.80q", raw)
+	}
+	f[13] = rest
 	var ints [13]int64
 	for i := 6; i < 13; i++ {
 		if ints[i], err = strconv.ParseInt(f[i], 10, 64); err != nil {

@@ -485,6 +485,7 @@ func BenchmarkServerCPUPerRecord(b *testing.B) {
 	seq := 0
 	var cpu, decideCPU, completeCPU time.Duration
 	completions := 0
+	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
 		reqs := make([]dedupe.DecideRequest, 0, batch)
