@@ -531,22 +531,26 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 	for i, name := range watch {
 		watchArgs[1+i] = name
 	}
-	key := func(name string) any {
-		if i := slices.Index(watch, name); i >= 0 {
-			return watchArgs[1+i]
+	// watch lists the distinct names in the order they first appear in
+	// names, so one walk pairs them; a repeated name is looked up.
+	mget := make([]any, 1+len(names))
+	mget[0] = "MGET"
+	w := 0
+	for i, name := range names {
+		if w < len(watch) && watch[w] == name {
+			mget[1+i] = watchArgs[1+w]
+			w++
+		} else if j := slices.Index(watch[:w], name); j >= 0 {
+			mget[1+i] = watchArgs[1+j]
+		} else {
+			mget[1+i] = name
 		}
-		return name
 	}
 	var clock *redis.TimeCmd
 	var read *redis.Cmd
 	if _, err := tx.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Do(ctx, watchArgs...)
 		clock = p.Time(ctx)
-		mget := make([]any, 1+len(names))
-		mget[0] = "MGET"
-		for i, name := range names {
-			mget[1+i] = key(name)
-		}
 		read = p.Do(ctx, mget...)
 		return nil
 	}); err != nil {
@@ -565,7 +569,7 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 	stored := make([]dedupe.Entry, len(comps))
 	latest := make(map[string]*dedupe.Entry, len(comps))
 	changed := make(map[string]bool, len(comps))
-	var order []string
+	var order []int // the first completion of each name to write
 	for i, c := range comps {
 		cur, seen := latest[names[i]]
 		if !seen {
@@ -590,7 +594,7 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 		}
 		if *next != *cur {
 			if !changed[names[i]] {
-				order = append(order, names[i])
+				order = append(order, i)
 			}
 			changed[names[i]] = true
 		}
@@ -609,11 +613,11 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 		beforeExec(names)
 	}
 	cmds, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		for _, name := range order {
-			e := latest[name]
+		for _, i := range order {
+			e := latest[names[i]]
 			start := len(buf)
 			buf = appendEntry(buf, e)
-			p.Do(ctx, "SET", key(name), buf[start:len(buf):len(buf)], "PXAT", e.RetainUntil().UnixMilli())
+			p.Do(ctx, "SET", mget[1+i], buf[start:len(buf):len(buf)], "PXAT", e.RetainUntil().UnixMilli())
 		}
 		return nil
 	})
