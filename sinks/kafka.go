@@ -419,13 +419,11 @@ func drain(rr kafka.RecordReader, from int64) ([]Fetched, error) {
 			return nil, err
 		}
 		if r.Offset < from {
+			release(r.Key, r.Value)
 			continue
 		}
-		key, err := readBytes(r.Key)
-		if err != nil {
-			return nil, err
-		}
-		value, err := readBytes(r.Value)
+		key, value, err := readKeyValue(r.Key, r.Value)
+		release(r.Key, r.Value)
 		if err != nil {
 			return nil, err
 		}
@@ -433,9 +431,41 @@ func drain(rr kafka.RecordReader, from int64) ([]Fetched, error) {
 	}
 }
 
-func readBytes(b kafka.Bytes) ([]byte, error) {
-	if b == nil {
-		return nil, nil
+// readKeyValue copies a record's key and value into one buffer. A null
+// key or value stays nil, an empty one stays empty.
+func readKeyValue(k, v kafka.Bytes) (key, value []byte, err error) {
+	kn, vn := 0, 0
+	if k != nil {
+		kn = k.Len()
 	}
-	return kafka.ReadAll(b)
+	if v != nil {
+		vn = v.Len()
+	}
+	buf := make([]byte, kn+vn)
+	if k != nil {
+		key = buf[:kn:kn]
+		if _, err = io.ReadFull(k, key); err != nil {
+			return nil, nil, err
+		}
+	}
+	if v != nil {
+		value = buf[kn:]
+		if _, err = io.ReadFull(v, value); err != nil {
+			return nil, nil, err
+		}
+	}
+	return key, value, nil
+}
+
+// release hands a record's references to the fetch response's pages back
+// to kafka-go: a page (64 KiB) returns to its pool when every record on it
+// is released, and is otherwise left to the collector, so that each fetch
+// allocates and zeroes new ones.
+func release(key, value kafka.Bytes) {
+	if key != nil {
+		_ = key.Close()
+	}
+	if value != nil {
+		_ = value.Close()
+	}
 }

@@ -189,3 +189,59 @@ func TestFromKafkaCopiesHeaderValues(t *testing.T) {
 		t.Errorf("appending to one value changed the next: %q", out[2].Value)
 	}
 }
+
+// Fetched keys and values are copies: the pages kafka-go read them from go
+// back to its pool and carry the next fetch. A null key or value stays
+// nil, an empty one stays empty.
+func TestFetchedRecordsOutliveTheirPages(t *testing.T) {
+	client, k := newBroker(t, 1, "in")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(client.Addr.String()), kgo.DefaultProduceTopic("in"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	produce := func(recs ...*kgo.Record) {
+		t.Helper()
+		if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 200
+	first := make([]*kgo.Record, n)
+	for i := range first {
+		first[i] = &kgo.Record{Key: []byte(fmt.Sprintf("key-%03d", i)), Value: bytes.Repeat([]byte{byte('a' + i%26)}, 900)}
+	}
+	first[1].Key, first[2].Key, first[3].Value, first[4].Value = nil, []byte{}, nil, []byte{}
+	produce(first...)
+
+	got, _, err := k.Fetch(context.Background(), "in", 0, 1, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Later fetches of new records reuse the pages of the first one.
+	for round := 0; round < 3; round++ {
+		next := make([]*kgo.Record, n)
+		for i := range next {
+			next[i] = &kgo.Record{Key: []byte("other"), Value: bytes.Repeat([]byte{'#'}, 900)}
+		}
+		produce(next...)
+		if _, _, err := k.Fetch(context.Background(), "in", 0, int64(n*(round+1)), time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) == 0 || got[0].Offset != 1 {
+		t.Fatalf("fetch from offset 1 returned %d records starting at %v", len(got), got)
+	}
+	for _, f := range got {
+		want := first[f.Offset]
+		if !bytes.Equal(f.Key, want.Key) || !bytes.Equal(f.Value, want.Value) {
+			t.Fatalf("record %d: key %q, value %.20q…; want %q, %.20q…", f.Offset, f.Key, f.Value, want.Key, want.Value)
+		}
+		if (f.Key == nil) != (want.Key == nil) || (f.Value == nil) != (want.Value == nil) {
+			t.Errorf("record %d: key nil %v, value nil %v; want %v, %v", f.Offset, f.Key == nil, f.Value == nil, want.Key == nil, want.Value == nil)
+		}
+	}
+	if cap(got[4].Key) != len(got[4].Key) {
+		t.Errorf("key of record 5 has room to grow into its value: len %d, cap %d", len(got[4].Key), cap(got[4].Key))
+	}
+}
