@@ -239,9 +239,10 @@ func (p *Pipeline) Run(parent context.Context) error {
 			m.Rebalances.WithLabelValues(p.cfg.Name).Inc()
 			m.Lag.DeletePartialMatch(map[string]string{"pipeline": p.cfg.Name})
 		}
+		commits := newSharedCommitter(gen)
 		for _, a := range assigned {
 			gen.Start(func(gctx context.Context) {
-				p.runPartition(gctx, gen, gen.ID, a.ID, a.Offset)
+				p.runPartition(gctx, commits, gen.ID, a.ID, a.Offset)
 			})
 		}
 	}
