@@ -168,8 +168,24 @@ func (k *Kafka) Write(ctx context.Context, msgs []Message) ([]Written, error) {
 		}
 		groups[key] = append(groups[key], i)
 	}
-	for _, key := range order {
-		if err := k.writePartition(ctx, key.topic, key.partition, msgs, groups[key], out); err != nil {
+	// The partitions are written side by side, each in order: one after
+	// the other, a batch whose results spread over six partitions waited
+	// for six acknowledgements in a row. Each partition fills only its own
+	// elements of out.
+	perPartition := make([]error, len(order))
+	if len(order) == 1 {
+		perPartition[0] = k.writePartition(ctx, order[0].topic, order[0].partition, msgs, groups[order[0]], out)
+	} else {
+		var wg sync.WaitGroup
+		for g, key := range order {
+			wg.Go(func() {
+				perPartition[g] = k.writePartition(ctx, key.topic, key.partition, msgs, groups[key], out)
+			})
+		}
+		wg.Wait()
+	}
+	for _, err := range perPartition {
+		if err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,5 +244,48 @@ func TestFetchedRecordsOutliveTheirPages(t *testing.T) {
 	}
 	if cap(got[4].Key) != len(got[4].Key) {
 		t.Errorf("key of record 5 has room to grow into its value: len %d, cap %d", len(got[4].Key), cap(got[4].Key))
+	}
+}
+
+// The partitions of one write are in flight together: each produce request
+// is held until all four have reached the broker.
+func TestWriteSendsPartitionsSideBySide(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	k := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(c.ListenAddrs()...), Timeout: 10 * time.Second})
+	var arrived atomic.Int32
+	var alone atomic.Bool
+	together := make(chan struct{})
+	c.ControlKey(kmsg.Produce.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if arrived.Add(1) == 4 {
+			close(together)
+		}
+		c.SleepControl(func() {
+			select {
+			case <-together:
+			case <-time.After(3 * time.Second):
+				alone.Store(true)
+			}
+		})
+		return nil, nil, false
+	})
+	var msgs []sinks.Message
+	for i := range 8 {
+		msgs = append(msgs, sinks.Message{Topic: "out", Partition: i % 4, Key: []byte(fmt.Sprint(i)), Value: []byte("v")})
+	}
+	written, err := k.Write(context.Background(), msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range written {
+		if w.Err != nil || w.Partition != i%4 || w.Offset != int64(i/4) {
+			t.Errorf("message %d: %+v, want partition %d offset %d", i, w, i%4, i/4)
+		}
+	}
+	if alone.Load() || arrived.Load() != 4 {
+		t.Errorf("%d produce requests, and one waited 3s for the others: the partitions were written one after the other", arrived.Load())
 	}
 }
