@@ -54,12 +54,19 @@ func TestLatency(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pass := startProcess(t, "passthrough", passBin, "--brokers", strings.Join(brokers, ","), "--input", in, "--output", out, "--group", run+".cal")
-		took := waitCaughtUp(ctx, t, pass, input, run+".cal", end, bound, nil).Sub(pass.started)
-		pass.stop(15 * time.Second)
-		max := float64(calibrate) / took.Seconds()
-		rate = int(max / 2)
-		t.Logf("passthrough on a backlog of %d records: %.0f records/s from process start to lag 0; fixed rate: half, %d records/s", calibrate, max, rate)
+		// Twice, and the faster counts: the first runs on a fresh broker
+		// are slower while its JIT warms up (see TestThroughput).
+		var rates [2]float64
+		for i := range rates {
+			group := run + ".cal" + strconv.Itoa(i)
+			pass := startProcess(t, "passthrough", passBin, "--brokers", strings.Join(brokers, ","), "--input", in, "--output", out, "--group", group)
+			took := waitCaughtUp(ctx, t, pass, input, group, end, bound, nil).Sub(pass.started)
+			pass.stop(15 * time.Second)
+			rates[i] = float64(calibrate) / took.Seconds()
+		}
+		fastest := max(rates[0], rates[1])
+		rate = int(fastest / 2)
+		t.Logf("passthrough on a backlog of %d records, twice: %.0f and %.0f records/s from process start to lag 0; fixed rate: half the faster, %d records/s", calibrate, rates[0], rates[1], rate)
 	}
 
 	// start starts one side and returns its process and, for idemstream,
