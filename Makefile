@@ -25,7 +25,8 @@ bench:
 
 # Throughput of `idemstream run` against the strongest kafka-go passthrough
 # (internal/load/passthrough) over one backlog on the same real broker and
-# Redis, each from process start to lag 0; prints both rates, the ratio,
+# Redis, each from process start to lag 0 (the passthrough warmed up, then
+# before and after idemstream); prints the rates, the ratio,
 # Redis CPU per record and peak RSS (LOAD_RECORDS=20000 make load for a
 # quick run; LOAD_REDIS_AOF=1 for a Redis with appendfsync always;
 # LOAD_PASSTHROUGH_ARGS='--overlap-commit' to try the passthrough's flags).
