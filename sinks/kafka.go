@@ -168,10 +168,10 @@ func (k *Kafka) Write(ctx context.Context, msgs []Message) ([]Written, error) {
 		}
 		groups[key] = append(groups[key], i)
 	}
-	// The partitions are written side by side, each in order: one after
-	// the other, a batch whose results spread over six partitions waited
-	// for six acknowledgements in a row. Each partition fills only its own
-	// elements of out.
+	// The partitions are written side by side, each in order: written one
+	// after the other, a batch whose results spread over six partitions
+	// would wait for six acknowledgements in a row. Each partition fills
+	// only its own elements of out.
 	perPartition := make([]error, len(order))
 	if len(order) == 1 {
 		perPartition[0] = k.writePartition(ctx, order[0].topic, order[0].partition, msgs, groups[order[0]], out)
