@@ -55,7 +55,7 @@ func TestLatency(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Twice, and the faster counts: the first runs on a fresh broker
-		// are slower while its JIT warms up (see TestThroughput).
+		// are slower, most likely while its JIT warms up (see TestThroughput).
 		var rates [2]float64
 		for i := range rates {
 			group := run + ".cal" + strconv.Itoa(i)

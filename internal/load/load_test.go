@@ -68,9 +68,10 @@ func TestThroughput(t *testing.T) {
 
 	// The passthrough, before idemstream and again after it, after a run
 	// that is not counted: the broker's CPU per record falls over the
-	// first runs on a fresh broker (its JIT warming up: 32, 23, 19 µs in
-	// three runs in a row), so a passthrough run before idemstream alone
-	// flatters the ratio and one after it alone flatters the passthrough.
+	// first runs on a fresh broker (most likely its JIT warming up: 32,
+	// 23, 19 µs in three runs in a row), so a passthrough run before
+	// idemstream alone flatters the ratio and one after it alone flatters
+	// the passthrough.
 	// idemstream is compared with the two runs around it (the time over
 	// both, so a drift between them cancels) and with the faster one.
 	broker := brokerPID()
