@@ -309,8 +309,10 @@ func toKafka(hs []dedupe.Header) []kafka.Header {
 	return out
 }
 
-// FromKafka copies fetched headers: kafka-go may reuse their memory once
-// the record set is read further.
+// FromKafka copies fetched headers, so that nothing a record keeps points
+// into memory kafka-go owns. (kafka-go 0.4 decodes header values into
+// slices of their own, but nothing in its API promises it; keys and
+// values, read through its Bytes, live in pooled pages.)
 func FromKafka(hs []kafka.Header) []dedupe.Header {
 	out := make([]dedupe.Header, len(hs))
 	n := 0
