@@ -22,11 +22,10 @@ import (
 
 // TestThroughput is make load: a passthrough run that warms the broker up,
 // then the passthrough, `idemstream run` and the passthrough again, one
-// after the other over the same backlog, on the
-// same broker and Redis, each timed from its process start to lag 0. It
-// prints the rates and idemstream's ratio to the passthrough runs around it,
-// the Redis server's CPU per decided record with the commands
-// that spent it, and the peak RSS of each process; it fails only when a
+// after the other over the same backlog, on the same broker and Redis,
+// each timed from its process start to lag 0. It prints the rates and
+// idemstream's ratio to the passthrough runs around it, the Redis
+// server's CPU per decided record with the commands that spent it, and the peak RSS of each process; it fails only when a
 // key has not exactly one result, a record went to the dead-letter topic,
 // or a run does not finish in time.
 func TestThroughput(t *testing.T) {
@@ -42,8 +41,9 @@ func TestThroughput(t *testing.T) {
 	}
 	idemBin, passBin := binaries(t)
 	run := testenv.UniqueName(t, "load")
-	in, passOut, out, dlq := run+".in", run+".pass", run+".out", run+".dlq"
-	testenv.CreateTopics(t, brokers, partitions, in, run+".warm", passOut, run+".pass2", out, dlq)
+	in, out, dlq := run+".in", run+".out", run+".dlq"
+	warmOut, passOut, pass2Out := run+".warm", run+".pass", run+".pass2"
+	testenv.CreateTopics(t, brokers, partitions, in, warmOut, passOut, pass2Out, out, dlq)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*bound)
 	defer cancel()
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
@@ -71,12 +71,12 @@ func TestThroughput(t *testing.T) {
 	// first runs on a fresh broker (most likely its JIT warming up: 32,
 	// 23, 19 µs in three runs in a row), so a passthrough run before
 	// idemstream alone flatters the ratio and one after it alone flatters
-	// the passthrough.
-	// idemstream is compared with the two runs around it (the time over
-	// both, so a drift between them cancels) and with the faster one.
+	// the passthrough. idemstream is compared with the two runs around it
+	// (the time over both, so a drift between them cancels) and with the
+	// faster one.
 	broker := brokerPID()
 	passArgs := strings.Fields(os.Getenv("IDEMSTREAM_LOAD_PASSTHROUGH_ARGS"))
-	warm := runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, run+".warm", run+".warm")
+	warm := runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, warmOut, warmOut)
 	t.Logf("warm-up (not counted): passthrough %.0f records/s, CPU per record: %s", float64(n)/warm.time.Seconds(), warm.cpu.perRecord(n, -1))
 	var passRuns [2]passRun
 	passRuns[0] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, run+".pass", passOut)
@@ -111,7 +111,7 @@ func TestThroughput(t *testing.T) {
 		t.Errorf("idemstream did not stop cleanly: %v\n%s", idem.err, idem.tail(10))
 	}
 
-	passRuns[1] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, run+".pass2", run+".pass2")
+	passRuns[1] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, pass2Out, pass2Out)
 
 	// The Kafka Streams peer, when asked for (LOAD_STREAMS=1): its own
 	// output topics, its application.id as the group.
@@ -176,7 +176,7 @@ func TestThroughput(t *testing.T) {
 
 	// One result per key, from the output topic itself.
 	verifyResults(ctx, t, brokers, client, out, dlq, w, outcomes)
-	for _, topic := range []string{passOut, run + ".pass2"} {
+	for _, topic := range []string{passOut, pass2Out} {
 		passEnd, err := offsets{client: client, topic: topic}.end(ctx)
 		if err != nil {
 			t.Fatal(err)
