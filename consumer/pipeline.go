@@ -59,7 +59,15 @@ type Config struct {
 	// Instance names this process in owner tokens (default InstanceID:
 	// host, pid, a nonce).
 	Instance string
-	// BatchSize bounds the records decided together (default 500).
+	// BatchSize bounds the records decided together (default 1000). A
+	// fetch larger than that is decided in several batches. Each batch
+	// pays fixed costs (a TIME, a pipeline per store call, a produce
+	// request per output partition, an offset commit), so larger batches
+	// cost less per record: 1000 against 500 took the consumer 10% less
+	// CPU per record in make load, and Redis and the broker a little less
+	// too. The price is latency under a backlog (about 300 ms from fetch
+	// to commit-ready then, against 260) and the records redone after a
+	// crash.
 	BatchSize int
 	// MaxWait is the long-poll time of a fetch (default 250ms).
 	MaxWait time.Duration
@@ -125,7 +133,7 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg.Handler = Forward
 	}
 	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 500
+		cfg.BatchSize = 1000
 	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = 250 * time.Millisecond
