@@ -67,7 +67,9 @@ type Config struct {
 	// CPU per record in make load, and Redis and the broker a little less
 	// too. The price is latency under a backlog (about 300 ms from fetch
 	// to commit-ready then, against 260) and the records redone after a
-	// crash.
+	// crash. A Handler that takes milliseconds per record wants smaller
+	// batches: a member whose partitions are revoked abandons the batch
+	// in hand if it does not finish within DrainTimeout.
 	BatchSize int
 	// MaxWait is the long-poll time of a fetch (default 250ms).
 	MaxWait time.Duration

@@ -333,3 +333,76 @@ func TestDecideKeepsAKeysRecordsOnOneState(t *testing.T) {
 		t.Errorf("K at offsets 2 and 3: %s, %s; want first (the rerun of FAILED), then replay", decs[0].Verdict, decs[1].Verdict)
 	}
 }
+
+// pipelineSizes records the commands of every pipeline of SETs a client
+// sends (not those of connection set-up).
+type pipelineSizes struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (h *pipelineSizes) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *pipelineSizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *pipelineSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == "set" {
+			h.mu.Lock()
+			h.sizes = append(h.sizes, len(cmds))
+			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A batch of new keys larger than pipelineChunk is decided in several
+// round trips of at most pipelineChunk commands, and every key of it is
+// decided first once, as in one round trip.
+func TestDecideSendsLargeBatchesInChunks(t *testing.T) {
+	s, c := storeOn(t, &redis.Options{Addr: testenv.RedisAddr(t)}, "chunks")
+	hook := &pipelineSizes{}
+	c.AddHook(hook)
+	ctx := context.Background()
+	const n = 2*pipelineChunk + 100
+	reqs := make([]dedupe.DecideRequest, n)
+	for i := range reqs {
+		reqs[i] = pendingReq(fmt.Sprintf("k%04d", i), "holder-a", i, time.Minute)
+	}
+	decs, err := s.Decide(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range decs {
+		if d.Verdict != dedupe.VerdictFirst {
+			t.Fatalf("record %d: %v, want first", i, d.Verdict)
+		}
+	}
+	hook.mu.Lock()
+	sizes := slices.Clone(hook.sizes)
+	hook.mu.Unlock()
+	slices.Sort(sizes)
+	if want := []int{100, pipelineChunk, pipelineChunk}; !slices.Equal(sizes, want) {
+		t.Errorf("pipelines of %v commands, want %v", sizes, want)
+	}
+	// Each entry exists once, as the decision made it.
+	for _, i := range []int{0, pipelineChunk, n - 1} {
+		e, ok, err := s.Lookup(ctx, "p", reqs[i].Key)
+		if err != nil || !ok || e.State != dedupe.Pending || e.Owner != reqs[i].Owner {
+			t.Errorf("entry of record %d: %+v, found %v, %v", i, e, ok, err)
+		}
+	}
+	// Asked again, the same holder and records resume their keys.
+	hook.mu.Lock()
+	hook.sizes = nil
+	hook.mu.Unlock()
+	again, err := s.Decide(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range again {
+		if d.Verdict != dedupe.VerdictFirst || !d.Resumed {
+			t.Fatalf("record %d again: %v resumed %v, want first and resumed", i, d.Verdict, d.Resumed)
+		}
+	}
+}

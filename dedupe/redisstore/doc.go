@@ -33,9 +33,12 @@
 // changes nothing (a replay, a conflict, a key pending elsewhere) are
 // decided in Go from a GET; when a later record of such a key needs the
 // script, the records decided from the GET go with it, so that every
-// record of a key in one call is decided on one state of its entry. A batch thus costs three round
-// trips at most, however large; batches under 8 records skip TIME and SET
-// NX and take one round trip to decide.lua.
+// record of a key in one call is decided on one state of its entry. A
+// batch thus costs four rounds at most, however large (TIME, SET NX, the
+// GETs, decide.lua); the SET NX of more than 512 new keys goes in chunks
+// of 512, side by side on connections of their own (see pipelineChunk).
+// Batches under 8 records skip TIME and SET NX and take one round trip
+// to decide.lua.
 //
 // Complete, on a single node or a Sentinel master, needs no script either:
 // in transactions of up to 32 entries it WATCHes the entries, reads TIME

@@ -140,7 +140,7 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		fast[i] = redis.NewCmd(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", out[i].Entry.RetainUntil().UnixMilli())
 		fastCmds, fastKeys = append(fastCmds, fast[i]), append(fastKeys, names[i])
 	}
-	execErr, ackErr := s.roundTrip(ctx, "decide", fastKeys, fastCmds)
+	execErr, ackErr := s.roundTrips(ctx, "decide", fastKeys, fastCmds)
 	if execErr != nil && !errors.Is(execErr, redis.Nil) {
 		return nil, classify("decide", execErr)
 	}
@@ -272,6 +272,43 @@ func (s *Store) decideRead(ctx context.Context, reqs []dedupe.DecideRequest, nam
 		known[names[i]] = &cur
 	}
 	return scripted, nil
+}
+
+// pipelineChunk bounds the commands of one round trip of Decide's SET NX.
+// A round trip's timeout is fixed, and under appendfsync always (which
+// decisions need to survive a restart) its time grows with its bytes:
+// Redis reads a client's input 16 KiB at a time and fsyncs before it
+// answers what it read, so one round trip of 1,000 entries took 25 and
+// 26 fsyncs (strace of redis-server 7.0), against about 14 for 500. The
+// chunks go side by side, each on a connection of its own, and one fsync
+// covers what Redis read from all of them: the same 1,000 entries took
+// 13 fsyncs in two chunks.
+const pipelineChunk = 512
+
+// roundTrips is roundTrip in chunks of up to pipelineChunk commands, sent
+// side by side. It returns the first error of a command other than
+// redis.Nil (a SET NX that found its key), then the first
+// acknowledgement error.
+func (s *Store) roundTrips(ctx context.Context, op string, keys []string, cmds []redis.Cmder) (execErr, ackErr error) {
+	if len(cmds) <= pipelineChunk {
+		return s.roundTrip(ctx, op, keys, cmds)
+	}
+	n := (len(cmds) + pipelineChunk - 1) / pipelineChunk
+	execErrs, ackErrs := make([]error, n), make([]error, n)
+	var wg sync.WaitGroup
+	for c := range n {
+		lo, hi := c*pipelineChunk, min((c+1)*pipelineChunk, len(cmds))
+		wg.Go(func() {
+			execErrs[c], ackErrs[c] = s.roundTrip(ctx, op, keys[lo:hi], cmds[lo:hi])
+		})
+	}
+	wg.Wait()
+	for _, err := range execErrs {
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err, firstErr(ackErrs)
+		}
+	}
+	return nil, firstErr(ackErrs)
 }
 
 // readMargin is how close to a boundary of the store's clock a decision
