@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -335,10 +336,13 @@ func TestDecideKeepsAKeysRecordsOnOneState(t *testing.T) {
 }
 
 // pipelineSizes records the commands of every pipeline of SETs a client
-// sends (not those of connection set-up).
+// sends (not those of connection set-up), and how many were in flight at
+// once. Each waits a little before it is sent, so that pipelines sent
+// side by side are seen in flight together.
 type pipelineSizes struct {
-	mu    sync.Mutex
-	sizes []int
+	mu                  sync.Mutex
+	sizes               []int
+	inFlight, maxFlight int
 }
 
 func (h *pipelineSizes) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -347,62 +351,169 @@ func (h *pipelineSizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook { 
 
 func (h *pipelineSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && cmds[0].Name() == "set" {
-			h.mu.Lock()
-			h.sizes = append(h.sizes, len(cmds))
-			h.mu.Unlock()
+		if len(cmds) == 0 || cmds[0].Name() != "set" {
+			return next(ctx, cmds)
 		}
-		return next(ctx, cmds)
+		h.mu.Lock()
+		h.sizes = append(h.sizes, len(cmds))
+		h.inFlight++
+		h.maxFlight = max(h.maxFlight, h.inFlight)
+		h.mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+		err := next(ctx, cmds)
+		h.mu.Lock()
+		h.inFlight--
+		h.mu.Unlock()
+		return err
 	}
 }
 
-// A batch of new keys larger than pipelineChunk is decided in several
-// round trips of at most pipelineChunk commands, and every key of it is
-// decided first once, as in one round trip.
+// A batch of new keys larger than pipelineChunk is decided in round trips
+// of at most pipelineChunk commands, sent side by side, and every record
+// is decided as in one round trip: each new key first, a later copy of a
+// key in another chunk's range a replay.
 func TestDecideSendsLargeBatchesInChunks(t *testing.T) {
 	s, c := storeOn(t, &redis.Options{Addr: testenv.RedisAddr(t)}, "chunks")
 	hook := &pipelineSizes{}
 	c.AddHook(hook)
 	ctx := context.Background()
-	const n = 2*pipelineChunk + 100
-	reqs := make([]dedupe.DecideRequest, n)
-	for i := range reqs {
-		reqs[i] = pendingReq(fmt.Sprintf("k%04d", i), "holder-a", i, time.Minute)
+	const keys = 2*pipelineChunk + 100
+	const copyAt = pipelineChunk + 88 // in the second chunk's range
+	var reqs []dedupe.DecideRequest
+	for i := range keys {
+		if i == copyAt {
+			r := pendingReq("k0000", "holder-a", keys, time.Minute)
+			reqs = append(reqs, r)
+		}
+		reqs = append(reqs, pendingReq(fmt.Sprintf("k%04d", i), "holder-a", i, time.Minute))
 	}
 	decs, err := s.Decide(ctx, reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, d := range decs {
-		if d.Verdict != dedupe.VerdictFirst {
-			t.Fatalf("record %d: %v, want first", i, d.Verdict)
+		want := dedupe.VerdictFirst
+		if i == copyAt {
+			want = dedupe.VerdictReplay
+		}
+		if d.Verdict != want {
+			t.Fatalf("record %d (%s): %v, want %v", i, reqs[i].Key, d.Verdict, want)
 		}
 	}
 	hook.mu.Lock()
-	sizes := slices.Clone(hook.sizes)
+	sizes, maxFlight := slices.Clone(hook.sizes), hook.maxFlight
 	hook.mu.Unlock()
 	slices.Sort(sizes)
 	if want := []int{100, pipelineChunk, pipelineChunk}; !slices.Equal(sizes, want) {
 		t.Errorf("pipelines of %v commands, want %v", sizes, want)
 	}
-	// Each entry exists once, as the decision made it.
-	for _, i := range []int{0, pipelineChunk, n - 1} {
-		e, ok, err := s.Lookup(ctx, "p", reqs[i].Key)
-		if err != nil || !ok || e.State != dedupe.Pending || e.Owner != reqs[i].Owner {
-			t.Errorf("entry of record %d: %+v, found %v, %v", i, e, ok, err)
+	if maxFlight < 2 {
+		t.Errorf("at most %d pipeline in flight at once, want them side by side", maxFlight)
+	}
+	// Every entry exists, as its first record's decision made it.
+	for i, r := range reqs {
+		if i == copyAt {
+			continue
+		}
+		e, ok, err := s.Lookup(ctx, "p", r.Key)
+		if err != nil || !ok || e.State != dedupe.Pending || e.Owner != r.Owner {
+			t.Fatalf("entry of record %d: %+v, found %v, %v", i, e, ok, err)
 		}
 	}
-	// Asked again, the same holder and records resume their keys.
-	hook.mu.Lock()
-	hook.sizes = nil
-	hook.mu.Unlock()
-	again, err := s.Decide(ctx, reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, d := range again {
-		if d.Verdict != dedupe.VerdictFirst || !d.Resumed {
-			t.Fatalf("record %d again: %v resumed %v, want first and resumed", i, d.Verdict, d.Resumed)
+}
+
+// waitHook makes the first pipeline that ends in a WAIT arrive late and
+// reports its WAIT as acknowledged; the others keep the server's answer.
+type waitHook struct {
+	first atomic.Bool
+	delay time.Duration
+}
+
+func (h *waitHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *waitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *waitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		last := cmds[len(cmds)-1]
+		if last.Name() != "wait" || !h.first.CompareAndSwap(false, true) {
+			return next(ctx, cmds)
 		}
+		time.Sleep(h.delay)
+		err := next(ctx, cmds)
+		if c, ok := last.(*redis.Cmd); ok && c.Err() == nil {
+			c.SetVal(int64(1))
+		}
+		return err
+	}
+}
+
+// A batch decided in several round trips records its replica
+// acknowledgement once: one chunk short of replicas keeps /readyz
+// unready even when another chunk's acknowledgement comes after it.
+func TestChunksReportAShortAcknowledgementOnce(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	// No replicas: every real WAIT falls short.
+	s := New(c, fmt.Sprintf("acks%d", time.Now().UnixNano()), WithReplicas(1, 20*time.Millisecond))
+	c.AddHook(&waitHook{delay: 300 * time.Millisecond})
+	reqs := make([]dedupe.DecideRequest, 2*pipelineChunk+50)
+	for i := range reqs {
+		reqs[i] = pendingReq(fmt.Sprintf("k%04d", i), "holder-a", i, time.Minute)
+	}
+	_, err := s.Decide(context.Background(), reqs)
+	if !errors.Is(err, dedupe.ErrNotReplicated) {
+		t.Fatalf("Decide: %v, want ErrNotReplicated", err)
+	}
+	if err := s.ReplicaAckError(); !errors.Is(err, dedupe.ErrNotReplicated) {
+		t.Errorf("ReplicaAckError after a short chunk: %v, want ErrNotReplicated", err)
+	}
+}
+
+// infoFails fails every INFO: the probe of a node's acknowledgement mode.
+type infoFails struct{}
+
+func (infoFails) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (infoFails) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "info" {
+			err := errors.New("i/o timeout (injected)")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (infoFails) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// When a node's acknowledgement mode cannot be read, its commands are not
+// sent, and each of them says so: on a cluster that node's error is
+// joined with other nodes' redis.Nil (a SET NX that found its key), and a
+// command without an error would pass for a write that was made.
+func TestUnsentCommandsCarryTheError(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { c.Close() })
+	c.AddHook(infoFails{})
+	s := New(c, fmt.Sprintf("unsent%d", time.Now().UnixNano()), WithReplicas(1, 20*time.Millisecond))
+	ctx := context.Background()
+	cmds := []redis.Cmder{
+		redis.NewCmd(ctx, "SET", s.RedisKey("p", "a"), "v", "NX"),
+		redis.NewCmd(ctx, "SET", s.RedisKey("p", "b"), "v", "NX"),
+	}
+	execErr, _, acked := s.nodeRoundTrip(ctx, "decide", c, c, cmds)
+	if execErr == nil || acked {
+		t.Fatalf("nodeRoundTrip: %v, acked %v; want an error", execErr, acked)
+	}
+	for i, cmd := range cmds {
+		if cmd.Err() == nil {
+			t.Errorf("command %d: no error, though it was not sent", i)
+		}
+	}
+	if n, err := c.Exists(ctx, s.RedisKey("p", "a"), s.RedisKey("p", "b")).Result(); err != nil || n != 0 {
+		t.Errorf("EXISTS: %d, %v; want nothing written", n, err)
 	}
 }

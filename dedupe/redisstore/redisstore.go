@@ -295,20 +295,25 @@ func (s *Store) roundTrips(ctx context.Context, op string, keys []string, cmds [
 	}
 	n := (len(cmds) + pipelineChunk - 1) / pipelineChunk
 	execErrs, ackErrs := make([]error, n), make([]error, n)
+	acked := make([]bool, n)
 	var wg sync.WaitGroup
 	for c := range n {
 		lo, hi := c*pipelineChunk, min((c+1)*pipelineChunk, len(cmds))
 		wg.Go(func() {
-			execErrs[c], ackErrs[c] = s.roundTrip(ctx, op, keys[lo:hi], cmds[lo:hi])
+			execErrs[c], ackErrs[c], acked[c] = s.sendAndWait(ctx, op, keys[lo:hi], cmds[lo:hi])
 		})
 	}
 	wg.Wait()
+	ackErr = firstErr(ackErrs)
+	if s.waits(op) {
+		s.noteAck(ackErr, !slices.Contains(acked, false))
+	}
 	for _, err := range execErrs {
 		if err != nil && !errors.Is(err, redis.Nil) {
-			return err, firstErr(ackErrs)
+			return err, ackErr
 		}
 	}
-	return nil, firstErr(ackErrs)
+	return nil, ackErr
 }
 
 // readMargin is how close to a boundary of the store's clock a decision

@@ -99,20 +99,29 @@ func (s *Store) waits(op string) bool { return s.acks.replicas > 0 && op != "loo
 // sent on another. It returns the pipeline's error, then the
 // acknowledgement's (wrapping dedupe.ErrNotReplicated when short).
 func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []redis.Cmder) (execErr, ackErr error) {
+	execErr, ackErr, acked := s.sendAndWait(ctx, op, keys, cmds)
+	if s.waits(op) {
+		s.noteAck(ackErr, acked)
+	}
+	return execErr, ackErr
+}
+
+// sendAndWait is roundTrip without recording the acknowledgement for
+// ReplicaAckError: a caller that sends several round trips for one call
+// records their outcome once (see roundTrips), so that a late success
+// does not hide an earlier shortfall.
+func (s *Store) sendAndWait(ctx context.Context, op string, keys []string, cmds []redis.Cmder) (execErr, ackErr error, acked bool) {
 	if !s.waits(op) {
 		pipe := s.client.Pipeline()
 		for _, c := range cmds {
 			_ = pipe.Process(ctx, c)
 		}
 		_, err := pipe.Exec(ctx)
-		return err, nil
+		return err, nil, false
 	}
 	cc, cluster := s.client.(*redis.ClusterClient)
 	if !cluster {
-		var acked bool
-		execErr, ackErr, acked = s.nodeRoundTrip(ctx, op, s.client, s.client, cmds)
-		s.noteAck(ackErr, acked)
-		return execErr, ackErr
+		return s.nodeRoundTrip(ctx, op, s.client, s.client, cmds)
 	}
 	// A cluster: one pipeline per master, each with its own WAIT.
 	type node struct {
@@ -124,7 +133,10 @@ func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []
 	for i, c := range cmds {
 		m, err := cc.MasterForKey(ctx, keys[i])
 		if err != nil {
-			return err, nil
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err, nil, false
 		}
 		addr := m.Options().Addr
 		n, ok := byAddr[addr]
@@ -137,13 +149,13 @@ func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []
 	}
 	execErrs := make([]error, len(nodes))
 	ackErrs := make([]error, len(nodes))
-	acked := make([]bool, len(nodes))
+	ackedBy := make([]bool, len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			execErrs[i], ackErrs[i], acked[i] = s.nodeRoundTrip(ctx, op, n.client, n.client, n.cmds)
+			execErrs[i], ackErrs[i], ackedBy[i] = s.nodeRoundTrip(ctx, op, n.client, n.client, n.cmds)
 		}()
 	}
 	wg.Wait()
@@ -153,8 +165,7 @@ func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []
 		// route by the new map.
 		cc.ReloadState(ctx)
 	}
-	s.noteAck(ackErr, !slices.Contains(acked, false))
-	return execErr, ackErr
+	return execErr, ackErr, !slices.Contains(ackedBy, false)
 }
 
 // nodeRoundTrip is one node's pipeline: the commands, then the wait.
@@ -164,6 +175,13 @@ func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []
 func (s *Store) nodeRoundTrip(ctx context.Context, op string, node, c redis.Cmdable, cmds []redis.Cmder) (execErr, ackErr error, acked bool) {
 	mode, addr, err := s.ackMode(ctx, node)
 	if err != nil {
+		// None of cmds was sent. Each must say so: a caller that reads
+		// the commands (Decide's SET NX) would take one without an error
+		// for a write that was made, and on a cluster this node's error
+		// is joined with other nodes' redis.Nil.
+		for _, c := range cmds {
+			c.SetErr(err)
+		}
 		return classify(op, err), nil, false
 	}
 	pipe := c.Pipeline()
