@@ -171,7 +171,7 @@ func (s *Store) sendAndWait(ctx context.Context, op string, keys []string, cmds 
 // nodeRoundTrip is one node's pipeline: the commands, then the wait.
 // acked reports that the wait answered and was enough.
 // The wait's kind is that of node; the commands and the wait go on c,
-// node itself or a connection of it (a transaction's).
+// node itself or a connection of it (every caller passes node now).
 func (s *Store) nodeRoundTrip(ctx context.Context, op string, node, c redis.Cmdable, cmds []redis.Cmder) (execErr, ackErr error, acked bool) {
 	mode, addr, err := s.ackMode(ctx, node)
 	if err != nil {
