@@ -335,19 +335,28 @@ func TestDecideKeepsAKeysRecordsOnOneState(t *testing.T) {
 	}
 }
 
+// passHook passes every call on; the test hooks below embed it and
+// replace what they watch.
+type passHook struct{}
+
+func (passHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (passHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (passHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // pipelineSizes records the commands of every pipeline of SETs a client
 // sends (not those of connection set-up), and how many were in flight at
 // once. Each waits a little before it is sent, so that pipelines sent
 // side by side are seen in flight together.
 type pipelineSizes struct {
+	passHook
 	mu                  sync.Mutex
 	sizes               []int
 	inFlight, maxFlight int
 }
-
-func (h *pipelineSizes) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *pipelineSizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 
 func (h *pipelineSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
@@ -425,13 +434,10 @@ func TestDecideSendsLargeBatchesInChunks(t *testing.T) {
 // waitHook makes the first pipeline that ends in a WAIT arrive late and
 // reports its WAIT as acknowledged; the others keep the server's answer.
 type waitHook struct {
+	passHook
 	first atomic.Bool
 	delay time.Duration
 }
-
-func (h *waitHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *waitHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 
 func (h *waitHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
@@ -471,9 +477,7 @@ func TestChunksReportAShortAcknowledgementOnce(t *testing.T) {
 }
 
 // infoFails fails every INFO: the probe of a node's acknowledgement mode.
-type infoFails struct{}
-
-func (infoFails) DialHook(next redis.DialHook) redis.DialHook { return next }
+type infoFails struct{ passHook }
 
 func (infoFails) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -484,10 +488,6 @@ func (infoFails) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		return next(ctx, cmd)
 	}
-}
-
-func (infoFails) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // When a node's acknowledgement mode cannot be read, its commands are not
@@ -504,7 +504,7 @@ func TestUnsentCommandsCarryTheError(t *testing.T) {
 		redis.NewCmd(ctx, "SET", s.RedisKey("p", "a"), "v", "NX"),
 		redis.NewCmd(ctx, "SET", s.RedisKey("p", "b"), "v", "NX"),
 	}
-	execErr, _, acked := s.nodeRoundTrip(ctx, "decide", c, c, cmds)
+	execErr, _, acked := s.nodeRoundTrip(ctx, "decide", c, cmds)
 	if execErr == nil || acked {
 		t.Fatalf("nodeRoundTrip: %v, acked %v; want an error", execErr, acked)
 	}

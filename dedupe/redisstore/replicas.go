@@ -121,7 +121,7 @@ func (s *Store) sendAndWait(ctx context.Context, op string, keys []string, cmds 
 	}
 	cc, cluster := s.client.(*redis.ClusterClient)
 	if !cluster {
-		return s.nodeRoundTrip(ctx, op, s.client, s.client, cmds)
+		return s.nodeRoundTrip(ctx, op, s.client, cmds)
 	}
 	// A cluster: one pipeline per master, each with its own WAIT.
 	type node struct {
@@ -133,9 +133,7 @@ func (s *Store) sendAndWait(ctx context.Context, op string, keys []string, cmds 
 	for i, c := range cmds {
 		m, err := cc.MasterForKey(ctx, keys[i])
 		if err != nil {
-			for _, c := range cmds {
-				c.SetErr(err)
-			}
+			failUnsent(cmds, err)
 			return err, nil, false
 		}
 		addr := m.Options().Addr
@@ -155,7 +153,7 @@ func (s *Store) sendAndWait(ctx context.Context, op string, keys []string, cmds 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			execErrs[i], ackErrs[i], ackedBy[i] = s.nodeRoundTrip(ctx, op, n.client, n.client, n.cmds)
+			execErrs[i], ackErrs[i], ackedBy[i] = s.nodeRoundTrip(ctx, op, n.client, n.cmds)
 		}()
 	}
 	wg.Wait()
@@ -168,23 +166,15 @@ func (s *Store) sendAndWait(ctx context.Context, op string, keys []string, cmds 
 	return execErr, ackErr, !slices.Contains(ackedBy, false)
 }
 
-// nodeRoundTrip is one node's pipeline: the commands, then the wait.
-// acked reports that the wait answered and was enough.
-// The wait's kind is that of node; the commands and the wait go on c,
-// node itself or a connection of it (every caller passes node now).
-func (s *Store) nodeRoundTrip(ctx context.Context, op string, node, c redis.Cmdable, cmds []redis.Cmder) (execErr, ackErr error, acked bool) {
+// nodeRoundTrip is one node's pipeline: the commands, then the wait of
+// node's kind. acked reports that the wait answered and was enough.
+func (s *Store) nodeRoundTrip(ctx context.Context, op string, node redis.Cmdable, cmds []redis.Cmder) (execErr, ackErr error, acked bool) {
 	mode, addr, err := s.ackMode(ctx, node)
 	if err != nil {
-		// None of cmds was sent. Each must say so: a caller that reads
-		// the commands (Decide's SET NX) would take one without an error
-		// for a write that was made, and on a cluster this node's error
-		// is joined with other nodes' redis.Nil.
-		for _, c := range cmds {
-			c.SetErr(err)
-		}
+		failUnsent(cmds, err)
 		return classify(op, err), nil, false
 	}
-	pipe := c.Pipeline()
+	pipe := node.Pipeline()
 	for _, cmd := range cmds {
 		_ = pipe.Process(ctx, cmd)
 	}
@@ -225,6 +215,16 @@ func (s *Store) nodeRoundTrip(ctx context.Context, op string, node, c redis.Cmda
 			op, dedupe.ErrNotReplicated, waitName(mode), n, s.acks.replicas, s.acks.timeout), false
 	}
 	return execErr, nil, true
+}
+
+// failUnsent gives each of cmds, none of which was sent, the error that
+// kept it back. A caller that reads the commands (Decide's SET NX) would
+// take one without an error for a write that was made, and on a cluster
+// one node's error is joined with other nodes' redis.Nil.
+func failUnsent(cmds []redis.Cmder, err error) {
+	for _, c := range cmds {
+		c.SetErr(err)
+	}
 }
 
 func waitName(m ackMode) string {
