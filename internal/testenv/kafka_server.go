@@ -91,16 +91,59 @@ func (k *KafkaServer) Kill() error {
 }
 
 // Start starts a stopped or killed broker again, with the same data and
-// ports, and waits until it serves clients.
+// ports, and waits until it serves clients, and every partition it had
+// has a leader that answers: a restarted broker answers Metadata before
+// it leads its partitions again, and a produce in between fails with
+// "topic partition has no leader".
 func (k *KafkaServer) Start() error {
 	if k.box != nil {
 		if err := k.box.start(); err != nil {
 			return err
 		}
-		return k.box.waitUp(120*time.Second, k.ready)
+		if err := k.box.waitUp(120*time.Second, k.ready); err != nil {
+			return err
+		}
+	} else if _, err := k.run(150*time.Second, "start"); err != nil {
+		return err
 	}
-	_, err := k.run(150*time.Second, "start")
-	return err
+	return k.waitLeaders(60 * time.Second)
+}
+
+// waitLeaders polls until every partition of every topic on the broker
+// has a leader that answers ListOffsets (topicsReady).
+func (k *KafkaServer) waitLeaders(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(k.Brokers...), Timeout: 5 * time.Second}
+	for {
+		err := k.leadersReady(ctx, client)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("partitions without a serving leader %v after the restart: %w", timeout, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (k *KafkaServer) leadersReady(ctx context.Context, client *kafka.Client) error {
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{})
+	if err != nil {
+		return err
+	}
+	// topicsReady checks topics of one partition count at a time.
+	byCount := map[int][]string{}
+	for _, topic := range md.Topics {
+		byCount[len(topic.Partitions)] = append(byCount[len(topic.Partitions)], topic.Name)
+	}
+	for n, names := range byCount {
+		if err := topicsReady(ctx, client, n, names); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (k *KafkaServer) remove() error {
