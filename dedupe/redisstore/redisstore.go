@@ -204,7 +204,10 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	}
 	for _, i := range later {
 		e := known[names[i]]
-		if e == nil || stale || nearBoundary(e, reqs[i], now) {
+		// Another key can share the name (namespace "a:b" with key "c",
+		// namespace "a" with "b:c"): the script refuses it, as decideRead
+		// and decide.lua refuse such an entry.
+		if e == nil || e.Key != reqs[i].Key || stale || nearBoundary(e, reqs[i], now) {
 			toScript(i)
 			continue
 		}

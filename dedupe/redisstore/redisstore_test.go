@@ -223,6 +223,34 @@ func TestLongKeysAreHashedInTheName(t *testing.T) {
 	}
 }
 
+// TestOneNameForTwoKeysInOneBatch: namespace "a:b" with key "c" and
+// namespace "a" with key "b:c" share a Redis name. The second record of
+// the name in a batch must not be decided against the entry the first
+// one created (a replay of another key); the store refuses it, as it
+// refuses such a record in a later batch.
+func TestOneNameForTwoKeysInOneBatch(t *testing.T) {
+	s := redisstore.New(client(t, testenv.RedisAddr(t)), freshPrefix())
+	first, second := decideReq("c", "h"), decideReq("b:c", "h")
+	first.Namespace, second.Namespace = "a:b", "a"
+	if s.RedisKey(first.Namespace, first.Key) != s.RedisKey(second.Namespace, second.Key) {
+		t.Fatal("the two records do not share a name: the test needs them to")
+	}
+	second.Owner.Source = "in/0/2"
+	reqs := []dedupe.DecideRequest{first, second}
+	for i := range 8 { // enough records for the SET NX path
+		r := decideReq("filler-"+strconv.Itoa(i), "h")
+		r.Owner.Source = "in/1/" + strconv.Itoa(i)
+		reqs = append(reqs, r)
+	}
+	decs, err := s.Decide(context.Background(), reqs)
+	if err == nil {
+		t.Fatalf("decided %q in namespace %q as %s on the entry of %q: want an error", second.Key, second.Namespace, decs[1].Verdict, first.Key)
+	}
+	if !strings.Contains(err.Error(), "holds another key") {
+		t.Errorf("error = %v, want one that says the entry holds another key", err)
+	}
+}
+
 // TestMemoryPerEntry measures what the package doc promises about memory.
 func TestMemoryPerEntry(t *testing.T) {
 	addr := testenv.RedisAddr(t)
