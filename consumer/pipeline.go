@@ -59,7 +59,8 @@ type Config struct {
 	// Instance names this process in owner tokens (default InstanceID:
 	// host, pid, a nonce).
 	Instance string
-	// BatchSize bounds the records decided together (default 1000). A
+	// BatchSize bounds the records decided together (default
+	// DefaultBatchSize; `idemstream run --batch-size`). A
 	// fetch larger than that is decided in several batches. Each batch
 	// pays fixed costs (a TIME, a pipeline per store call, a produce
 	// request per output partition, an offset commit), so larger batches
@@ -96,6 +97,10 @@ type Config struct {
 // follower has it or the leader drops the laggard from the ISR, which it
 // checks every half of replica.lag.time.max.ms.
 const DefaultSettleWait = 45 * time.Second
+
+// DefaultBatchSize is Config.BatchSize when it is not set: see there for
+// what the size trades.
+const DefaultBatchSize = 1000
 
 // InstanceID names this process in owner tokens: host, pid and a random
 // nonce, so that no two processes (nor one restarted) ever share a holder.
@@ -135,7 +140,7 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg.Handler = Forward
 	}
 	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 1000
+		cfg.BatchSize = DefaultBatchSize
 	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = 250 * time.Millisecond

@@ -50,12 +50,12 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func startInstance(t *testing.T, config string, env map[string]string) *instance {
+func startInstance(t *testing.T, config string, env map[string]string, flags ...string) *instance {
 	t.Helper()
 	in := &instance{t: t, addr: testenv.FreeAddr(t), done: make(chan int, 1), stderr: &syncBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
-	args := []string{"run", "--config", config, "--metrics-addr", in.addr, "--settle-wait", "200ms", "--log-format", "text"}
+	args := append([]string{"run", "--config", config, "--metrics-addr", in.addr, "--settle-wait", "200ms", "--log-format", "text"}, flags...)
 	go func() {
 		in.done <- run(ctx, args, strings.NewReader(""), io.Discard, in.stderr, func(k string) string { return env[k] })
 	}()
@@ -412,6 +412,40 @@ func TestRunThreeInstancesShareSixPartitions(t *testing.T) {
 	}
 	if busy < 2 {
 		t.Errorf("only %d of 3 instances decided anything: the group did not share partitions", busy)
+	}
+}
+
+// TestRunBatchSize: --batch-size reaches the pipelines. A backlog of 40
+// records on one partition comes in one fetch, which the default size
+// decides as one batch; batches of 5 make at least eight.
+func TestRunBatchSize(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	redisAddr := testenv.RedisAddr(t)
+	run := testenv.UniqueName(t, "batch")
+	inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
+	testenv.CreateTopics(t, brokers, 1, inTopic, outTopic, dlqTopic)
+	config := filepath.Join(t.TempDir(), "c.yaml")
+	yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s}\nstore: {redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}\npipelines:\n  - {name: p, input: %s, output: %s, dlq: %s}\n",
+		strings.Join(brokers, ","), run, redisAddr, run, inTopic, outTopic, dlqTopic)
+	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	const records, size = 40, 5
+	var recs []produced
+	for i := range records {
+		recs = append(recs, produced{inTopic, 0, nil, key(uuidN(i)), fmt.Sprintf(`{"n":%d}`, i)})
+	}
+	produce(t, io, recs...)
+	in := startInstance(t, config, nil, "--batch-size", strconv.Itoa(size))
+	waitUntil(t, 60*time.Second, "40 records decided", func() bool {
+		return in.metric("idemstream_records_total", "pipeline", "p", "outcome", "first") == records
+	})
+	if batches := in.metric("idemstream_decision_duration_seconds_count", "pipeline", "p"); batches < records/size {
+		t.Errorf("%v batches for %d records with --batch-size %d, want at least %d", batches, records, size, records/size)
+	}
+	if n := len(readTopic(t, io, outTopic)); n != records {
+		t.Errorf("%d results, want %d", n, records)
 	}
 }
 

@@ -161,6 +161,8 @@ func TestUsageErrors(t *testing.T) {
 		{"diff", "--config", exampleConfig, "only-one.json"},
 		{"contract", "--config", exampleConfig, "--format", "pdf"},
 		{"hash", "--config", exampleConfig, "--pipeline", "nope", "-"},
+		{"run", "--config", exampleConfig, "--batch-size", "0"},
+		{"run", "--config", exampleConfig, "--batch-size", "10001"},
 	}
 	for _, args := range cases {
 		r := runCLI(t, "{}", args...)
