@@ -9,10 +9,14 @@
 // Both sides run as processes built from this tree (the real `idemstream
 // run` and the passthrough binary), each timed from its start to the
 // moment its group's committed offsets reach the input's end offsets, so
-// start-up and group join count on both sides. The passthrough runs once
-// uncounted to warm the broker up (its CPU per record halves over the
-// first runs on a fresh broker), then before and after idemstream, which
-// is compared with both. The workload is the
+// start-up and group join count on both sides. The passthrough runs
+// uncounted to warm the broker up (six times: its CPU per record falls
+// to a third over the first eight runs on a fresh broker), then before the
+// first of
+// IDEMSTREAM_LOAD_ROUNDS idemstream runs (make load LOAD_ROUNDS=N, 3 by
+// default) and after each; every idemstream run is compared with the two
+// around it, and the median of those ratios is the figure, since the
+// machine's pace moves within minutes. The workload is the
 // issue's: commands of about 1 KB keyed by a UUID idempotency key, 30 % of
 // the keys sent twice with new volatile values (client_time, retry_count,
 // trace_id, items/*/client_ts) and the unordered items array shuffled,

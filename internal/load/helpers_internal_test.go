@@ -27,6 +27,19 @@ func TestPercentileNearestRank(t *testing.T) {
 	}
 }
 
+func TestMedian(t *testing.T) {
+	xs := []float64{0.71, 0.5, 0.69}
+	if got := median(xs); got != 0.69 {
+		t.Errorf("median(%v) = %v, want 0.69", xs, got)
+	}
+	if xs[0] != 0.71 {
+		t.Errorf("median sorted its argument: %v", xs)
+	}
+	if got := median([]float64{4, 1, 2, 3}); got != 2.5 {
+		t.Errorf("median of 1..4 = %v, want 2.5", got)
+	}
+}
+
 func TestParseInfoAndDiff(t *testing.T) {
 	before := "# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.250000\r\n# Commandstats\r\n" +
 		"cmdstat_evalsha:calls=10,usec=1000,usec_per_call=100.00,rejected_calls=0,failed_calls=0\r\n" +
