@@ -161,13 +161,17 @@ func TestUsageErrors(t *testing.T) {
 		{"diff", "--config", exampleConfig, "only-one.json"},
 		{"contract", "--config", exampleConfig, "--format", "pdf"},
 		{"hash", "--config", exampleConfig, "--pipeline", "nope", "-"},
-		{"run", "--config", exampleConfig, "--batch-size", "0"},
-		{"run", "--config", exampleConfig, "--batch-size", "10001"},
 	}
 	for _, args := range cases {
 		r := runCLI(t, "{}", args...)
 		if r.code != 2 {
 			t.Errorf("%v exited %d (stderr %q), want 2", args, r.code, r.stderr)
+		}
+	}
+	for _, n := range []string{"0", "10001"} {
+		r := runCLI(t, "{}", "run", "--config", exampleConfig, "--batch-size", n)
+		if r.code != 2 || !strings.Contains(r.stderr, "--batch-size "+n+": want 1 to 10000") {
+			t.Errorf("run --batch-size %s exited %d (stderr %q), want 2 and a line naming --batch-size", n, r.code, r.stderr)
 		}
 	}
 }

@@ -110,8 +110,8 @@ type runTimings struct {
 	batch  int           // --batch-size
 }
 
-// maxBatchSize bounds --batch-size: one fetch holds about 1,500 records
-// of 1 KB, so a larger batch saves nothing per record, while every record
+// maxBatchSize bounds --batch-size: a fetch held about 1,500 records of
+// 1 KB in the load runs, so a larger batch saves little per record, while every record
 // of a batch shares its latency and its work redone after a crash.
 const maxBatchSize = 10000
 

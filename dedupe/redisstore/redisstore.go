@@ -205,8 +205,9 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	for _, i := range later {
 		e := known[names[i]]
 		// Another key can share the name (namespace "a:b" with key "c",
-		// namespace "a" with "b:c"): the script refuses it, as decideRead
-		// and decide.lua refuse such an entry.
+		// namespace "a" with "b:c"): such a record goes to the script,
+		// which refuses an entry that holds another key (decideRead sends
+		// it there too).
 		if e == nil || e.Key != reqs[i].Key || stale || nearBoundary(e, reqs[i], now) {
 			toScript(i)
 			continue

@@ -237,7 +237,7 @@ func TestOneNameForTwoKeysInOneBatch(t *testing.T) {
 	}
 	second.Owner.Source = "in/0/2"
 	reqs := []dedupe.DecideRequest{first, second}
-	for i := range 8 { // enough records for the SET NX path
+	for i := range redisstore.FastPathMin { // enough records for the SET NX path
 		r := decideReq("filler-"+strconv.Itoa(i), "h")
 		r.Owner.Source = "in/1/" + strconv.Itoa(i)
 		reqs = append(reqs, r)

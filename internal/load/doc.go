@@ -11,7 +11,7 @@
 // moment its group's committed offsets reach the input's end offsets, so
 // start-up and group join count on both sides. The passthrough runs
 // uncounted to warm the broker up (six times: its CPU per record falls
-// to a third over the first eight runs on a fresh broker), then before the
+// to about a third over the first six or seven runs on a fresh broker), then before the
 // first of
 // IDEMSTREAM_LOAD_ROUNDS idemstream runs (make load LOAD_ROUNDS=N, 3 by
 // default) and after each; every idemstream run is compared with the two

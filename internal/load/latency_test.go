@@ -43,7 +43,7 @@ func TestLatency(t *testing.T) {
 	redisAddr := testenv.RedisAddr(t)
 	idemBin, passBin := binaries(t)
 	run := testenv.UniqueName(t, "latency")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*bound)
+	ctx, cancel := runContext(t, time.Duration(runs+3)*bound)
 	defer cancel()
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 
@@ -60,7 +60,7 @@ func TestLatency(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The fastest of several runs counts: the broker's CPU per record
-		// falls to about a third over the first seven or eight runs on a
+		// falls to about a third over the first six or seven runs on a
 		// fresh broker, most likely while its JIT warms up (see
 		// TestThroughput), and a broker in service is warm.
 		broker := brokerPID()
