@@ -31,18 +31,20 @@ bench:
 # after each); prints the rates, each round's ratio and their median,
 # Redis CPU per record and peak RSS (LOAD_RECORDS=20000 make load for a
 # quick run; LOAD_REDIS_AOF=1 for a Redis with appendfsync always;
-# LOAD_PASSTHROUGH_ARGS='--overlap-commit' to try the passthrough's flags).
+# LOAD_PASSTHROUGH_ARGS='--overlap-commit' to try the passthrough's flags;
+# LOAD_PREFILL=N puts N other entries in Redis first, as a window holds).
 # LOAD_STREAMS=1 adds the Kafka Streams peer (internal/load/streams; needs
 # javac and mvn) over the same backlog.
 LOAD_RECORDS ?= 325000
 LOAD_ROUNDS ?= 3
 LOAD_WARMUPS ?= 6
+LOAD_PREFILL ?= 0
 LOAD_REDIS_AOF ?=
 LOAD_PASSTHROUGH_ARGS ?=
 LOAD_STREAMS ?=
 load:
 	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start && \
-	  IDEMSTREAM_LOAD=1 IDEMSTREAM_LOAD_RECORDS=$(LOAD_RECORDS) IDEMSTREAM_LOAD_ROUNDS=$(LOAD_ROUNDS) IDEMSTREAM_LOAD_WARMUPS=$(LOAD_WARMUPS) IDEMSTREAM_LOAD_REDIS_AOF=$(LOAD_REDIS_AOF) IDEMSTREAM_LOAD_STREAMS=$(LOAD_STREAMS) \
+	  IDEMSTREAM_LOAD=1 IDEMSTREAM_LOAD_RECORDS=$(LOAD_RECORDS) IDEMSTREAM_LOAD_ROUNDS=$(LOAD_ROUNDS) IDEMSTREAM_LOAD_WARMUPS=$(LOAD_WARMUPS) IDEMSTREAM_LOAD_PREFILL=$(LOAD_PREFILL) IDEMSTREAM_LOAD_REDIS_AOF=$(LOAD_REDIS_AOF) IDEMSTREAM_LOAD_STREAMS=$(LOAD_STREAMS) \
 	  IDEMSTREAM_LOAD_PASSTHROUGH_ARGS="$(LOAD_PASSTHROUGH_ARGS)" \
 	  go test ./internal/load -run TestThroughput -count=1 -v -timeout 40m'
 

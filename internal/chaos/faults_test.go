@@ -179,6 +179,17 @@ func (pg *progress) longest(from, to time.Duration) stall {
 	return best
 }
 
+// all lists every stall, open ones cut at now (since start).
+func (pg *progress) all(now time.Duration) []stall {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	out := append([]stall(nil), pg.stalls...)
+	for p, since := range pg.since {
+		out = append(out, stall{partition: p, from: since.Sub(pg.start), to: now})
+	}
+	return out
+}
+
 // over lists the closed stalls longer than d.
 func (pg *progress) over(d time.Duration) []stall {
 	pg.mu.Lock()

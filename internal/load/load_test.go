@@ -45,6 +45,7 @@ func TestThroughput(t *testing.T) {
 	n := envInt(t, "IDEMSTREAM_LOAD_RECORDS", 325000)
 	rounds := envInt(t, "IDEMSTREAM_LOAD_ROUNDS", 3)
 	warmups := envInt(t, "IDEMSTREAM_LOAD_WARMUPS", 6)
+	prefill := envInt(t, "IDEMSTREAM_LOAD_PREFILL", 0)
 	if rounds < 1 || warmups < 0 {
 		t.Fatalf("IDEMSTREAM_LOAD_ROUNDS=%d, IDEMSTREAM_LOAD_WARMUPS=%d: want at least 1 round and no negative warm-up count", rounds, warmups)
 	}
@@ -111,15 +112,23 @@ func TestThroughput(t *testing.T) {
 	if err != nil {
 		t.Fatalf("redis INFO: %v", err)
 	}
+	if prefill > 0 {
+		// Other keys in the store, as a window of a busy pipeline holds:
+		// Redis's cost per command grows with its keyspace.
+		began := time.Now()
+		fillStore(ctx, t, rdb, run+"-fill", prefill)
+		t.Logf("store: %d other entries of 500 bytes with an expiry, written in %v", prefill, time.Since(began).Round(time.Millisecond))
+		defer dropKeys(context.Background(), t, rdb, run+"-fill")
+	}
 	passRuns := make([]passRun, rounds+1)
 	idemRuns := make([]idemRun, rounds)
 	passRuns[0] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, passTopic(run, 0), passTopic(run, 0))
 	for r := range rounds {
 		idemRuns[r] = runIdemstream(ctx, t, idemBin, brokers, redisAddr, roundName(run, r), input, end, bound, broker, rdb)
 		// Every round starts on an empty store, as the first does: Redis
-		// spends more per command as its keyspace grows (8.4 µs per record
-		// in the first of five rounds that kept their keys, 14.8 in the
-		// last, with 1.25 million keys).
+		// spent more per record as its keyspace grew (8.4 µs in the first
+		// of five rounds that kept their keys, 14.8 in the last, with 1.25
+		// million keys), which made later rounds no match for earlier ones.
 		dropKeys(ctx, t, rdb, roundName(run, r))
 		passRuns[r+1] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, passTopic(run, r+1), passTopic(run, r+1))
 	}
@@ -300,6 +309,22 @@ func dropKeys(ctx context.Context, t *testing.T, rdb *redis.Client, prefix strin
 		t.Fatalf("redis SCAN: %v", err)
 	}
 	flush()
+}
+
+// fillStore writes n entries of 500 bytes, each with an hour's expiry,
+// under prefix.
+func fillStore(ctx context.Context, t *testing.T, rdb *redis.Client, prefix string, n int) {
+	t.Helper()
+	value := strings.Repeat("x", 500)
+	for start := 0; start < n; start += 1000 {
+		pipe := rdb.Pipeline()
+		for i := start; i < min(start+1000, n); i++ {
+			pipe.Set(ctx, prefix+":{fill:"+strconv.Itoa(i)+"}", value, time.Hour)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatalf("redis: filling the store: %v", err)
+		}
+	}
 }
 
 // median of xs (the mean of the middle two for an even count).
