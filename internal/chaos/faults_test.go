@@ -179,15 +179,31 @@ func (pg *progress) longest(from, to time.Duration) stall {
 	return best
 }
 
-// all lists every stall, open ones cut at now (since start).
-func (pg *progress) all(now time.Duration) []stall {
-	pg.mu.Lock()
-	defer pg.mu.Unlock()
-	out := append([]stall(nil), pg.stalls...)
-	for p, since := range pg.since {
-		out = append(out, stall{partition: p, from: since.Sub(pg.start), to: now})
+// waitAdvanced waits until every partition has committed (or been seen
+// caught up) after t, for up to timeout; it returns how long after t that
+// was, and false at the timeout.
+func (pg *progress) waitAdvanced(ctx context.Context, t time.Time, timeout time.Duration) (time.Duration, bool) {
+	deadline := t.Add(timeout)
+	for {
+		pg.mu.Lock()
+		all := len(pg.since) > 0
+		for _, since := range pg.since {
+			if !since.After(t) {
+				all = false
+			}
+		}
+		pg.mu.Unlock()
+		if all {
+			return time.Since(t), true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return time.Since(t), false
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
-	return out
 }
 
 // over lists the closed stalls longer than d.

@@ -38,7 +38,7 @@ esac
 # The real-server tests must run here, not skip.
 export IDEMSTREAM_REQUIRE_SERVERS=1
 
-# The chaos test (internal/chaos) alone takes 5-8 minutes: more than go
+# The chaos test (internal/chaos) alone takes 9-12 minutes: more than go
 # test's default 10-minute limit allows for a loaded machine.
 go test -race -count=1 -timeout 30m "$@" ./...
 
