@@ -76,4 +76,4 @@ bench-audit:
 # Kafka cluster, default timings, 6 minutes of faults); the short variant
 # runs in `make test`. It starts its own cluster and redis-server.
 chaos:
-	IDEMSTREAM_REQUIRE_SERVERS=1 IDEMSTREAM_CHAOS=full go test -count=1 -race -run TestChaos -v -timeout 45m ./internal/chaos/
+	IDEMSTREAM_REQUIRE_SERVERS=1 IDEMSTREAM_CHAOS=full go test -count=1 -race -run TestChaos -v -timeout 60m ./internal/chaos/

@@ -30,7 +30,8 @@ type variant struct {
 	backlogKeys int           // keys produced before the group starts
 	streamKeys  int           // keys planned for the stream (it stops after the rolling restart)
 	stream      time.Duration // the span they are planned over
-	load        time.Duration // how long faults are injected; the rolling restart follows
+	load        time.Duration // the span the faults are planned over
+	loadCap     time.Duration // the faults run one at a time and may run late: the load phase ends here at the latest
 	kills       int           // SIGKILLs of members, spread over the load
 	zombies     int           // SIGSTOPs longer than the lease, spread over the load
 	brokerKills int           // SIGKILLs of the leader of an output partition
@@ -44,11 +45,11 @@ type variant struct {
 }
 
 var (
-	ciVariant = variant{name: "ci", backlogKeys: 12000, streamKeys: 24000, stream: 10 * time.Minute, load: 6 * time.Minute,
+	ciVariant = variant{name: "ci", backlogKeys: 12000, streamKeys: 31200, stream: 13 * time.Minute, load: 5 * time.Minute, loadCap: 10 * time.Minute,
 		kills: 3, zombies: 1, brokerKills: 1, brokerDown: 8 * time.Second,
 		stayMin: 3 * time.Second, stayMax: 6 * time.Second, awayMin: 2 * time.Second, awayMax: 4 * time.Second,
 		drain: 4 * time.Minute, produceMax: 90 * time.Second}
-	fullVariant = variant{name: "full", backlogKeys: 30000, streamKeys: 50400, stream: 21 * time.Minute, load: 15 * time.Minute,
+	fullVariant = variant{name: "full", backlogKeys: 30000, streamKeys: 67200, stream: 28 * time.Minute, load: 14 * time.Minute, loadCap: 25 * time.Minute,
 		kills: 8, zombies: 2, brokerKills: 3, brokerDown: 10 * time.Second,
 		stayMin: 3 * time.Second, stayMax: 8 * time.Second, awayMin: 2 * time.Second, awayMax: 5 * time.Second,
 		drain: 8 * time.Minute, produceMax: 2 * time.Minute}
@@ -230,9 +231,6 @@ pipelines:
 		bgErrors []string
 		events   []string
 		inj      = &injected{}
-		// pick serializes the faults that pick a member, so that two
-		// never pick the same one.
-		pick sync.Mutex
 	)
 	loadStart := time.Now()
 	prog := newProgress(loadStart)
@@ -251,6 +249,11 @@ pipelines:
 	}
 	// at waits until d into the load; false when the load is over.
 	at := func(d time.Duration) bool {
+		select {
+		case <-loadDone:
+			return false
+		default:
+		}
 		select {
 		case <-loadDone:
 			return false
@@ -346,54 +349,73 @@ pipelines:
 		}
 	}()
 
-	// Member faults: SIGKILLs, and zombies (a member frozen for longer
-	// than its lease, then let go on), each waiting for its target to hold
-	// a batch. Both leave keys PENDING for a lease, and a second one
-	// before the group has recovered from the first chains the lease
-	// waits (a kill of the member that waits out a killed member's keys
-	// leaves its own keys for a lease of their own): a full run had every
-	// partition stalled for 2m from a freeze and three kills within 70s.
-	// So they come one at a time, each after every partition has
-	// committed since the last one ended, and stallMax can hold for
-	// every stall. Broker kills and the Redis freeze come on their own
-	// schedule: they leave no lease behind.
-	wg.Add(1)
+	// The faults: SIGKILLs of members, zombies (a member frozen for longer
+	// than its lease, then let go on), SIGKILLs of the broker that leads
+	// an output partition while results are written to it, and one Redis
+	// freeze. Each can leave keys PENDING for a lease: a kill or a freeze
+	// directly; a broker kill or the Redis freeze through a write or a
+	// completion of unknown outcome, whose keys wait out their lease when
+	// a rebalance (the joiner's, every few seconds) revokes the batch
+	// during its settle wait. A second fault before the group has
+	// recovered from the first chains the lease waits (a kill of the
+	// member that waits out a killed member's keys leaves its own keys for
+	// a lease of their own): a full run with independent schedules had
+	// every partition stalled for 2m after a freeze and three kills within
+	// 70s. So the faults come one at a time, in the order planned, each
+	// when its time has come and every partition has committed since the
+	// last one ended; then stallMax holds for every stall. The load phase
+	// lasts until the last fault is over (loadCap at most).
+	faultsDone := make(chan struct{})
 	go func() {
-		defer wg.Done()
-		type memberFault struct {
-			at     time.Duration
-			zombie bool
+		defer close(faultsDone)
+		type plannedFault struct {
+			at   time.Duration
+			kind string
 		}
-		var plan []memberFault
+		var plan []plannedFault
 		for _, when := range spread(v.kills, 4, 0.05, 0.95) {
-			plan = append(plan, memberFault{at: when})
+			plan = append(plan, plannedFault{when, "member kill"})
 		}
 		for _, when := range spread(v.zombies, 6, 0.1, 0.55) {
-			plan = append(plan, memberFault{at: when, zombie: true})
+			plan = append(plan, plannedFault{when, "member freeze"})
 		}
-		slices.SortFunc(plan, func(a, b memberFault) int { return cmp.Compare(a.at, b.at) })
+		for _, when := range spread(v.brokerKills, 8, 0.3, 0.8) {
+			plan = append(plan, plannedFault{when, "broker kill"})
+		}
+		plan = append(plan, plannedFault{time.Duration(0.7 * float64(v.load)), "redis freeze"})
+		slices.SortStableFunc(plan, func(a, b plannedFault) int { return cmp.Compare(a.at, b.at) })
 		kills := rand.New(rand.NewPCG(seed, 2))
 		zombies := rand.New(rand.NewPCG(seed, 5))
-		for _, f := range plan {
-			what := map[bool]string{false: "SIGKILL", true: "SIGSTOP"}[f.zombie]
+		brokers := rand.New(rand.NewPCG(seed, 7))
+		for n, f := range plan {
 			if !at(f.at) {
-				event("%s of a member not injected: the load phase ended first (waits for a busy target and for recovery delay the faults after them)", what)
-				continue
+				event("%d faults not injected (the next: a %s): the load phase reached its cap of %v", len(plan)-n, f.kind, v.loadCap)
+				return
 			}
-			r := kills
-			if f.zombie {
-				r = zombies
-			}
-			pick.Lock()
-			i, mid, ok := chooseBusy(r, midBatchWait)
-			if !ok {
-				pick.Unlock()
-				event("%s skipped: fewer than two members running", what)
-				continue
-			}
-			if f.zombie {
+			switch f.kind {
+			case "member kill":
+				i, mid, ok := chooseBusy(kills, midBatchWait)
+				if !ok {
+					event("SIGKILL skipped: fewer than two members running")
+					continue
+				}
+				fl.kill(i)
+				inj.add(func(in *injected) {
+					in.kills++
+					if mid {
+						in.killsMid++
+					}
+				})
+				event("SIGKILL member %d (mid-batch %v)", i, mid)
+				time.Sleep(restartAfter/2 + time.Duration(kills.Int64N(int64(restartAfter))))
+				fl.restart(i)
+			case "member freeze":
+				i, mid, ok := chooseBusy(zombies, midBatchWait)
+				if !ok {
+					event("SIGSTOP skipped: fewer than two members running")
+					continue
+				}
 				fl.freeze(i)
-				pick.Unlock()
 				event("SIGSTOP member %d for %v (mid-batch %v)", i, zombiePause, mid)
 				time.Sleep(zombiePause) // not cut short by the end of the load
 				fl.thaw(i)
@@ -404,107 +426,79 @@ pipelines:
 					}
 				})
 				event("SIGCONT member %d", i)
-			} else {
-				fl.kill(i)
+			case "broker kill":
+				// The partition to hit: one whose results are being
+				// written right now (its end offset moves between two
+				// looks), so that the kill cuts writes in flight.
+				q, mid := writtenNow(ctx, client, outTopic, partitions, 30*time.Second)
+				if q < 0 {
+					q = brokers.IntN(partitions)
+				}
+				lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+				leader, err := cluster.Leader(lctx, outTopic, q)
+				lcancel()
+				if err != nil {
+					fail("broker kill: leader of %s/%d: %v", outTopic, q, err)
+					continue
+				}
+				if err := cluster.Kill(leader); err != nil {
+					fail("broker kill: %v", err)
+					continue
+				}
 				inj.add(func(in *injected) {
-					in.kills++
+					in.brokerKills++
 					if mid {
-						in.killsMid++
+						in.brokerMid++
 					}
+					in.brokerNodes = append(in.brokerNodes, fmt.Sprintf("node %d (leader of out/%d)", leader, q))
 				})
-				event("SIGKILL member %d (mid-batch %v)", i, mid)
-				time.Sleep(restartAfter/2 + time.Duration(r.Int64N(int64(restartAfter))))
-				fl.restart(i)
-				pick.Unlock()
+				event("SIGKILL broker node %d, leader of output partition %d (results being written %v)", leader, q, mid)
+				time.Sleep(v.brokerDown)
+				if err := cluster.Start(leader); err != nil {
+					fail("broker restart: %v", err)
+					continue
+				}
+				back := time.Now()
+				for {
+					ictx, icancel := context.WithTimeout(ctx, 5*time.Second)
+					err := cluster.InSync(ictx, inTopic, outTopic, dlqTopic)
+					icancel()
+					if err == nil {
+						event("broker node %d up again, every replica in sync after %v", leader, time.Since(back).Round(time.Millisecond))
+						break
+					}
+					if time.Since(back) > 2*time.Minute {
+						fail("broker node %d up again, replicas not in sync after 2m: %v", leader, err)
+						break
+					}
+					time.Sleep(250 * time.Millisecond)
+				}
+			case "redis freeze":
+				event("redis SIGSTOP for %v", redisPause)
+				redisSrv.Pause()
+				time.Sleep(redisPause)
+				redisSrv.Resume()
+				inj.add(func(in *injected) { in.redisPauses++ })
+				event("redis SIGCONT")
 			}
 			ended := time.Now()
-			if took, ok := prog.waitAdvanced(ctx, ended, stallMax); ok {
-				event("every partition committed %v after that %s", took.Round(time.Millisecond), what)
-			} else {
-				event("not every partition committed within %v after that %s", stallMax, what)
-			}
-		}
-	}()
-
-	// Broker kills: SIGKILL of the leader of an output partition while
-	// results are being written (acks=all, two replicas must have it).
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		r := rand.New(rand.NewPCG(seed, 7))
-		for _, when := range spread(v.brokerKills, 8, 0.3, 0.8) {
-			if !at(when) {
-				event("SIGKILL of a broker not injected: the load phase ended first (waits for a busy target delay the faults after them)")
+			took, ok := prog.waitAdvanced(ctx, ended, stallMax)
+			if !ok {
+				// The liveness check below fails the run; more faults
+				// would only blur what it reports.
+				event("not every partition committed within %v after that %s: no more faults", stallMax, f.kind)
 				return
 			}
-			// The partition to hit: one whose results are being written
-			// right now (its end offset moves between two looks), so that
-			// the kill cuts writes in flight.
-			q, mid := writtenNow(ctx, client, outTopic, partitions, 30*time.Second)
-			if q < 0 {
-				q = r.IntN(partitions)
-			}
-			lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
-			leader, err := cluster.Leader(lctx, outTopic, q)
-			lcancel()
-			if err != nil {
-				fail("broker kill: leader of %s/%d: %v", outTopic, q, err)
-				continue
-			}
-			if err := cluster.Kill(leader); err != nil {
-				fail("broker kill: %v", err)
-				continue
-			}
-			inj.add(func(in *injected) {
-				in.brokerKills++
-				if mid {
-					in.brokerMid++
-				}
-				in.brokerNodes = append(in.brokerNodes, fmt.Sprintf("node %d (leader of out/%d)", leader, q))
-			})
-			event("SIGKILL broker node %d, leader of output partition %d (results being written %v)", leader, q, mid)
-			time.Sleep(v.brokerDown)
-			if err := cluster.Start(leader); err != nil {
-				fail("broker restart: %v", err)
-				continue
-			}
-			back := time.Now()
-			for {
-				ictx, icancel := context.WithTimeout(ctx, 5*time.Second)
-				err := cluster.InSync(ictx, inTopic, outTopic, dlqTopic)
-				icancel()
-				if err == nil {
-					event("broker node %d up again, every replica in sync after %v", leader, time.Since(back).Round(time.Millisecond))
-					break
-				}
-				if time.Since(back) > 2*time.Minute {
-					event("broker node %d up again, replicas not in sync after 2m: %v", leader, err)
-					break
-				}
-				time.Sleep(250 * time.Millisecond)
-			}
+			event("every partition committed %v after that %s", took.Round(time.Millisecond), f.kind)
 		}
 	}()
 
-	// Redis frozen once.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if !at(time.Duration(0.7 * float64(v.load))) {
-			return
-		}
-		event("redis SIGSTOP for %v", redisPause)
-		redisSrv.Pause()
-		time.Sleep(redisPause)
-		redisSrv.Resume()
-		inj.add(func(in *injected) { in.redisPauses++ })
-		event("redis SIGCONT")
-	}()
-
-	if rest := time.Until(loadStart.Add(v.load)); rest > 0 {
-		time.Sleep(rest)
+	select {
+	case <-faultsDone:
+	case <-time.After(time.Until(loadStart.Add(v.loadCap))):
 	}
 	close(loadDone)
+	<-faultsDone
 	wg.Wait()
 	fl.ensureRunning()
 	event("faults over")
@@ -623,9 +617,9 @@ pipelines:
 			t.Errorf("INJECTION: no %s landed mid-batch (%d injected): the run does not prove what it claims", c.what, c.done)
 		}
 	}
-	if inj.kills < v.kills || inj.zombies < v.zombies {
-		t.Errorf("INJECTION: %d of %d member kills and %d of %d freezes ran before the load phase ended: the run does not prove what it claims (a longer load gives the one-at-a-time faults room)",
-			inj.kills, v.kills, inj.zombies, v.zombies)
+	if inj.kills < v.kills || inj.zombies < v.zombies || inj.brokerKills < v.brokerKills || inj.redisPauses < 1 {
+		t.Errorf("INJECTION: %d of %d member kills, %d of %d freezes, %d of %d broker kills and %d of 1 Redis freeze ran before the load phase's cap (%v): the run does not prove what it claims",
+			inj.kills, v.kills, inj.zombies, v.zombies, inj.brokerKills, v.brokerKills, inj.redisPauses, v.loadCap)
 	}
 	inj.mu.Unlock()
 

@@ -122,11 +122,15 @@ func (pg *progress) watch(ctx context.Context, client *kafka.Client, group, topi
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	for {
+		// The time before the query: a commit it reads happened before
+		// the answer, and a wait for progress after a fault must not take
+		// a commit from before the fault for one after it.
+		asked := time.Now()
 		qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		ends, committed, err := groupProgress(qctx, client, group, topic, partitions)
 		cancel()
 		if err == nil {
-			pg.observe(time.Now(), ends, committed)
+			pg.observe(asked, ends, committed)
 		}
 		select {
 		case <-ctx.Done():

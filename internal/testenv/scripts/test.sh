@@ -38,9 +38,9 @@ esac
 # The real-server tests must run here, not skip.
 export IDEMSTREAM_REQUIRE_SERVERS=1
 
-# The chaos test (internal/chaos) alone takes 9-12 minutes: more than go
+# The chaos test (internal/chaos) alone takes 12-15 minutes: more than go
 # test's default 10-minute limit allows for a loaded machine.
-go test -race -count=1 -timeout 30m "$@" ./...
+go test -race -count=1 -timeout 45m "$@" ./...
 
 # The deployment files (rules, dashboard, manifests, compose) are checked
 # in a module of their own, so that the product's go.mod stays lean.
