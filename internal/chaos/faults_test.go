@@ -100,7 +100,8 @@ type progress struct {
 	start  time.Time
 	since  map[int]time.Time // last advance, or last seen caught up
 	last   map[int]int64
-	stalls []stall // closed stalls longer than stallNoise
+	asked  time.Time // when the latest poll asked
+	stalls []stall   // closed stalls longer than stallNoise
 	polls  int
 }
 
@@ -144,6 +145,7 @@ func (pg *progress) observe(now time.Time, ends, committed map[int]int64) {
 	pg.mu.Lock()
 	defer pg.mu.Unlock()
 	pg.polls++
+	pg.asked = now
 	for p, c := range committed {
 		since, seen := pg.since[p]
 		switch {
@@ -185,14 +187,21 @@ func (pg *progress) longest(from, to time.Duration) stall {
 
 // waitAdvanced waits until every partition has committed (or been seen
 // caught up) after t, for up to timeout; it returns how long after t that
-// was, and false at the timeout.
+// was, and false at the timeout. The first poll asked after t is the
+// baseline: a commit made just before t (the target of a kill often
+// committed a moment before it) shows up in that poll, and must not pass
+// for progress after the fault.
 func (pg *progress) waitAdvanced(ctx context.Context, t time.Time, timeout time.Duration) (time.Duration, bool) {
 	deadline := t.Add(timeout)
+	var base time.Time
 	for {
 		pg.mu.Lock()
-		all := len(pg.since) > 0
+		if base.IsZero() && pg.asked.After(t) {
+			base = pg.asked
+		}
+		all := !base.IsZero() && len(pg.since) > 0
 		for _, since := range pg.since {
-			if !since.After(t) {
+			if !since.After(base) {
 				all = false
 			}
 		}

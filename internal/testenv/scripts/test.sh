@@ -40,7 +40,7 @@ export IDEMSTREAM_REQUIRE_SERVERS=1
 
 # The chaos test (internal/chaos) alone takes 12-15 minutes: more than go
 # test's default 10-minute limit allows for a loaded machine.
-go test -race -count=1 -timeout 45m "$@" ./...
+go test -race -count=1 -timeout 60m "$@" ./...
 
 # The deployment files (rules, dashboard, manifests, compose) are checked
 # in a module of their own, so that the product's go.mod stays lean.
