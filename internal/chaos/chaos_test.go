@@ -364,7 +364,7 @@ pipelines:
 	// 70s. So the faults come one at a time, in the order planned, each
 	// when its time has come and every partition has committed since the
 	// last one ended; then stallMax holds for every stall. The load phase
-	// lasts until the last fault is over (loadCap at most).
+	// lasts until the last fault is over; none starts after loadCap.
 	faultsDone := make(chan struct{})
 	go func() {
 		defer close(faultsDone)
