@@ -125,10 +125,13 @@ func TestThroughput(t *testing.T) {
 	passRuns[0] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, passTopic(run, 0), passTopic(run, 0))
 	for r := range rounds {
 		idemRuns[r] = runIdemstream(ctx, t, idemBin, brokers, redisAddr, roundName(run, r), input, end, bound, broker, rdb)
-		// Every round starts on an empty store, as the first does: Redis
-		// spent more per record as its keyspace grew (8.4 µs in the first
-		// of five rounds that kept their keys, 14.8 in the last, with 1.25
-		// million keys), which made later rounds no match for earlier ones.
+		// Every round starts on the store the first had: Redis spent more
+		// per record as its keyspace grew (8.4 µs in the first of five
+		// rounds that kept their keys, 14.8 in the last, with 1.25 million
+		// keys; most likely its hash table doubling and rehashing, since
+		// with 2 million entries written beforehand it spent 21.9 µs in the
+		// round that took the keyspace past 2^21 and 9 in the next two),
+		// which made later rounds no match for earlier ones.
 		dropKeys(ctx, t, rdb, roundName(run, r))
 		passRuns[r+1] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, passTopic(run, r+1), passTopic(run, r+1))
 	}
