@@ -50,6 +50,21 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// writeRunConfig writes a config with one pipeline (a YAML flow mapping)
+// on the test's broker and Redis, the group and Redis prefix named run,
+// and returns its path. The test servers keep Redis without persistence,
+// which run refuses by default, so the server check is off.
+func writeRunConfig(t *testing.T, brokers []string, redisAddr, run, pipeline string) string {
+	t.Helper()
+	config := filepath.Join(t.TempDir(), "c.yaml")
+	yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s}\nstore: {redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}\npipelines:\n  - %s\n",
+		strings.Join(brokers, ","), run, redisAddr, run, pipeline)
+	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return config
+}
+
 func startInstance(t *testing.T, config string, env map[string]string, flags ...string) *instance {
 	t.Helper()
 	in := &instance{t: t, addr: testenv.FreeAddr(t), done: make(chan int, 1), stderr: &syncBuffer{}}
@@ -353,13 +368,8 @@ func TestRunThreeInstancesShareSixPartitions(t *testing.T) {
 	run := testenv.UniqueName(t, "group")
 	inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
 	testenv.CreateTopics(t, brokers, 6, inTopic, outTopic, dlqTopic)
-	dir := t.TempDir()
-	config := filepath.Join(dir, "c.yaml")
-	yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s}\nstore: {redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}\npipelines:\n  - {name: claims, input: %s, output: %s, dlq: %s, volatile: [/attempt]}\n",
-		strings.Join(brokers, ","), run, redisAddr, run, inTopic, outTopic, dlqTopic)
-	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	config := writeRunConfig(t, brokers, redisAddr, run,
+		fmt.Sprintf("{name: claims, input: %s, output: %s, dlq: %s, volatile: [/attempt]}", inTopic, outTopic, dlqTopic))
 	insts := []*instance{startInstance(t, config, nil), startInstance(t, config, nil), startInstance(t, config, nil)}
 	waitUntil(t, 60*time.Second, "three members ready", func() bool {
 		for _, in := range insts {
@@ -424,12 +434,7 @@ func TestRunBatchSize(t *testing.T) {
 	run := testenv.UniqueName(t, "batch")
 	inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
 	testenv.CreateTopics(t, brokers, 1, inTopic, outTopic, dlqTopic)
-	config := filepath.Join(t.TempDir(), "c.yaml")
-	yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s}\nstore: {redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}\npipelines:\n  - {name: p, input: %s, output: %s, dlq: %s}\n",
-		strings.Join(brokers, ","), run, redisAddr, run, inTopic, outTopic, dlqTopic)
-	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	config := writeRunConfig(t, brokers, redisAddr, run, fmt.Sprintf("{name: p, input: %s, output: %s, dlq: %s}", inTopic, outTopic, dlqTopic))
 	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
 	const records, size = 40, 5
 	var recs []produced
@@ -512,12 +517,7 @@ func TestRunStdoutSink(t *testing.T) {
 	run := testenv.UniqueName(t, "stdout")
 	inTopic := run + ".in"
 	testenv.CreateTopics(t, brokers, 1, inTopic)
-	config := filepath.Join(t.TempDir(), "c.yaml")
-	yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s}\nstore: {redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}\npipelines:\n  - {name: p, input: %s, output: %s.out, dlq: %s.dlq, key: {format: any}}\n",
-		strings.Join(brokers, ","), run, redisAddr, run, inTopic, run, run)
-	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	config := writeRunConfig(t, brokers, redisAddr, run, fmt.Sprintf("{name: p, input: %s, output: %s.out, dlq: %s.dlq, key: {format: any}}", inTopic, run, run))
 	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
 	produce(t, io, produced{inTopic, 0, nil, key("k"), `{"a":1}`}, produced{inTopic, 0, nil, key("k"), `{"a":1}`}, produced{inTopic, 0, nil, nil, `{}`})
 	out := &syncBuffer{}
