@@ -30,13 +30,24 @@ const partitions = 6
 // envInt reads a positive integer setting, or def.
 func envInt(t *testing.T, name string, def int) int {
 	t.Helper()
+	return envIntAtLeast(t, name, def, 1)
+}
+
+// envCount reads a setting that may be zero (none), or def.
+func envCount(t *testing.T, name string, def int) int {
+	t.Helper()
+	return envIntAtLeast(t, name, def, 0)
+}
+
+func envIntAtLeast(t *testing.T, name string, def, least int) int {
+	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
 		return def
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		t.Fatalf("%s=%q: want a positive integer", name, v)
+	if err != nil || n < least {
+		t.Fatalf("%s=%q: want an integer of at least %d", name, v, least)
 	}
 	return n
 }

@@ -44,11 +44,8 @@ func TestThroughput(t *testing.T) {
 	}
 	n := envInt(t, "IDEMSTREAM_LOAD_RECORDS", 325000)
 	rounds := envInt(t, "IDEMSTREAM_LOAD_ROUNDS", 3)
-	warmups := envInt(t, "IDEMSTREAM_LOAD_WARMUPS", 6)
-	prefill := envInt(t, "IDEMSTREAM_LOAD_PREFILL", 0)
-	if rounds < 1 || warmups < 0 {
-		t.Fatalf("IDEMSTREAM_LOAD_ROUNDS=%d, IDEMSTREAM_LOAD_WARMUPS=%d: want at least 1 round and no negative warm-up count", rounds, warmups)
-	}
+	warmups := envCount(t, "IDEMSTREAM_LOAD_WARMUPS", 6)
+	prefill := envCount(t, "IDEMSTREAM_LOAD_PREFILL", 0)
 	bound := envDuration(t, "IDEMSTREAM_LOAD_BOUND", 10*time.Minute)
 	brokers := testenv.KafkaBrokers(t)
 	redisAddr := testenv.RedisAddr(t)
