@@ -27,6 +27,42 @@ import (
 
 const partitions = 6
 
+// loadSettings are TestThroughput's, from the variables the Makefile's
+// load target sets.
+type loadSettings struct {
+	records, rounds, warmups, prefill int
+	bound                             time.Duration
+}
+
+func readLoadSettings(t *testing.T) loadSettings {
+	t.Helper()
+	return loadSettings{
+		records: envInt(t, "IDEMSTREAM_LOAD_RECORDS", 325000),
+		rounds:  envInt(t, "IDEMSTREAM_LOAD_ROUNDS", 3),
+		warmups: envCount(t, "IDEMSTREAM_LOAD_WARMUPS", 6),
+		prefill: envCount(t, "IDEMSTREAM_LOAD_PREFILL", 0),
+		bound:   envDuration(t, "IDEMSTREAM_LOAD_BOUND", 10*time.Minute),
+	}
+}
+
+// latencySettings are TestLatency's, from the variables the Makefile's
+// latency target sets. A rate of 0 means: calibrate it.
+type latencySettings struct {
+	rate, calibrate, runs int
+	duration, bound       time.Duration
+}
+
+func readLatencySettings(t *testing.T) latencySettings {
+	t.Helper()
+	return latencySettings{
+		rate:      envCount(t, "IDEMSTREAM_LATENCY_RATE", 0),
+		duration:  envDuration(t, "IDEMSTREAM_LATENCY_DURATION", 30*time.Second),
+		calibrate: envInt(t, "IDEMSTREAM_LATENCY_CALIBRATE", 325000),
+		runs:      envInt(t, "IDEMSTREAM_LATENCY_CALIBRATE_RUNS", 8),
+		bound:     envDuration(t, "IDEMSTREAM_LOAD_BOUND", 10*time.Minute),
+	}
+}
+
 // envInt reads a positive integer setting, or def.
 func envInt(t *testing.T, name string, def int) int {
 	t.Helper()

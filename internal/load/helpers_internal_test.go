@@ -2,6 +2,7 @@ package load
 
 import (
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -134,5 +135,43 @@ idemstream_store_duration_seconds_bucket{op="complete",le="+Inf"} 0
 		if got := bucketQuantile(all, "idemstream_store_duration_seconds", "op", c.op, c.q); got != c.want {
 			t.Errorf("%s q%v = %q, want %q", c.op, c.q, got, c.want)
 		}
+	}
+}
+
+// TestMakefileDefaultsAreAccepted feeds the values `make load` and
+// `make latency` pass when no variable is given through the readers the
+// runs use: a default the reader refuses breaks the command a newcomer
+// copies first.
+func TestMakefileDefaultsAreAccepted(t *testing.T) {
+	src, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaults := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z_]+) \?=[ \t]*(.*)$`).FindAllStringSubmatch(string(src), -1) {
+		defaults[m[1]] = strings.TrimSpace(m[2])
+	}
+	passed := regexp.MustCompile(`(IDEMSTREAM_[A-Z_]+)="?\$\(([A-Z_]+)\)`).FindAllStringSubmatch(string(src), -1)
+	seen := map[string]bool{}
+	for _, m := range passed {
+		v, ok := defaults[m[2]]
+		if !ok {
+			t.Errorf("the Makefile passes %s=$(%s) but gives %s no default", m[1], m[2], m[2])
+			continue
+		}
+		t.Setenv(m[1], v)
+		seen[m[1]] = true
+	}
+	for _, name := range []string{"IDEMSTREAM_LOAD_RECORDS", "IDEMSTREAM_LOAD_ROUNDS", "IDEMSTREAM_LOAD_WARMUPS", "IDEMSTREAM_LOAD_PREFILL", "IDEMSTREAM_LATENCY_RATE", "IDEMSTREAM_LATENCY_DURATION"} {
+		if !seen[name] {
+			t.Errorf("the Makefile no longer passes %s: this test reads the wrong file", name)
+		}
+	}
+	load := readLoadSettings(t)
+	if load.records < 300000 || load.rounds < 1 {
+		t.Errorf("make load's defaults: %d records, %d rounds; the issue asks for a backlog of at least 300,000 and one round at least", load.records, load.rounds)
+	}
+	if lat := readLatencySettings(t); lat.rate != 0 {
+		t.Errorf("make latency's default rate is %d, want 0 (calibrated in the run)", lat.rate)
 	}
 }

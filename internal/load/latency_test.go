@@ -31,14 +31,8 @@ func TestLatency(t *testing.T) {
 	if os.Getenv("IDEMSTREAM_LATENCY") == "" {
 		t.Skip("a latency run: make latency (IDEMSTREAM_LATENCY=1)")
 	}
-	rate := envInt(t, "IDEMSTREAM_LATENCY_RATE", 0)
-	duration := envDuration(t, "IDEMSTREAM_LATENCY_DURATION", 30*time.Second)
-	calibrate := envInt(t, "IDEMSTREAM_LATENCY_CALIBRATE", 325000)
-	runs := envInt(t, "IDEMSTREAM_LATENCY_CALIBRATE_RUNS", 8)
-	if runs < 1 {
-		t.Fatalf("IDEMSTREAM_LATENCY_CALIBRATE_RUNS=%d: want at least 1", runs)
-	}
-	bound := envDuration(t, "IDEMSTREAM_LOAD_BOUND", 10*time.Minute)
+	set := readLatencySettings(t)
+	rate, duration, calibrate, runs, bound := set.rate, set.duration, set.calibrate, set.runs, set.bound
 	brokers := testenv.KafkaBrokers(t)
 	redisAddr := testenv.RedisAddr(t)
 	idemBin, passBin := binaries(t)

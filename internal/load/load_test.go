@@ -42,11 +42,8 @@ func TestThroughput(t *testing.T) {
 	if os.Getenv("IDEMSTREAM_LOAD") == "" {
 		t.Skip("a load run: make load (IDEMSTREAM_LOAD=1)")
 	}
-	n := envInt(t, "IDEMSTREAM_LOAD_RECORDS", 325000)
-	rounds := envInt(t, "IDEMSTREAM_LOAD_ROUNDS", 3)
-	warmups := envCount(t, "IDEMSTREAM_LOAD_WARMUPS", 6)
-	prefill := envCount(t, "IDEMSTREAM_LOAD_PREFILL", 0)
-	bound := envDuration(t, "IDEMSTREAM_LOAD_BOUND", 10*time.Minute)
+	set := readLoadSettings(t)
+	n, rounds, warmups, prefill, bound := set.records, set.rounds, set.warmups, set.prefill, set.bound
 	brokers := testenv.KafkaBrokers(t)
 	redisAddr := testenv.RedisAddr(t)
 	if os.Getenv("IDEMSTREAM_LOAD_REDIS_AOF") == "1" {
