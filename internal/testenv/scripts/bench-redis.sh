@@ -25,6 +25,35 @@ done
 rps=$(redis-benchmark -h 127.0.0.1 -p "$port" -t set -n 2000000 -P 1000 -c 2 -r 1000000 -q --csv | awk -F'"' '$2=="SET"{print $4}')
 echo "(reference: 3-byte values, pipeline 1000: $rps SET/s)"
 redis-cli -p "$port" flushall >/dev/null
+
+# The floor under any store that writes each new key once (its PENDING
+# entry) and once more when it completes: Redis's CPU (INFO cpu, every
+# thread) per pipelined SET of an entry-sized value with an expiry, new
+# keys (NX) and existing ones (XX). idemstream's load run reports Redis
+# CPU per decided record; with most records first copies, one write of
+# each costs the server at least what these two cost together.
+server_cpu() {
+  redis-cli -p "$port" info cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.6f", s }'
+}
+value=$(head -c 400 /dev/zero | tr '\0' x)
+expires=$(( ($(date +%s) + 3600) * 1000 ))
+writes=1000000
+echo "== server CPU per plain write: SET of 400-byte values with PXAT, 2 clients, pipeline 500"
+floor() { # mode key-range count
+  local before after
+  before=$(server_cpu)
+  redis-benchmark -h 127.0.0.1 -p "$port" -n "$3" -P 500 -c 2 -r "$2" -q --csv \
+    SET "floor:{p:9f8a2c1d-3e4f-4a5b-8c6d-__rand_int__}" "$value" $1 PXAT "$expires" >/dev/null
+  after=$(server_cpu)
+  awk -v a="$before" -v b="$after" -v n="$3" 'BEGIN { printf "%.2f", (b - a) * 1e6 / n }'
+}
+nx=$(floor NX 100000000000 "$writes")
+# Every key of the range exists before the XX run (ten writes per key).
+floor NX 100000 1000000 >/dev/null
+xx=$(floor XX 100000 "$writes")
+echo "SET NX (new keys): $nx µs per write; SET XX (existing keys): $xx µs per write" | tee -a "$out"
+redis-cli -p "$port" flushall >/dev/null
+
 echo "== idemstream decide (GOMAXPROCS callers, one batch per call)"
 go test ./dedupe/redisstore -run '^$' -bench BenchmarkDecide -benchtime 3s -count "${COUNT:-3}" | tee -a "$out"
 awk '
