@@ -27,8 +27,8 @@ import (
 
 const partitions = 6
 
-// loadSettings are TestThroughput's, from the variables the Makefile's
-// load target sets.
+// loadSettings are TestThroughput's, from the environment (the Makefile's
+// load target sets all but the bound).
 type loadSettings struct {
 	records, rounds, warmups, prefill int
 	bound                             time.Duration
@@ -45,8 +45,9 @@ func readLoadSettings(t *testing.T) loadSettings {
 	}
 }
 
-// latencySettings are TestLatency's, from the variables the Makefile's
-// latency target sets. A rate of 0 means: calibrate it.
+// latencySettings are TestLatency's, from the environment (the Makefile's
+// latency target sets the rate and the duration). A rate of 0 means:
+// calibrate it.
 type latencySettings struct {
 	rate, calibrate, runs int
 	duration, bound       time.Duration

@@ -2,6 +2,7 @@ package load
 
 import (
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -143,15 +144,30 @@ idemstream_store_duration_seconds_bucket{op="complete",le="+Inf"} 0
 // runs use: a default the reader refuses breaks the command a newcomer
 // copies first.
 func TestMakefileDefaultsAreAccepted(t *testing.T) {
-	src, err := os.ReadFile("../../Makefile")
+	src, err := os.ReadFile(filepath.Join(moduleRoot(t), "Makefile"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Make keeps a variable's first ?= and drops a trailing comment.
 	defaults := map[string]string{}
-	for _, m := range regexp.MustCompile(`(?m)^([A-Z_]+) \?=[ \t]*(.*)$`).FindAllStringSubmatch(string(src), -1) {
-		defaults[m[1]] = strings.TrimSpace(m[2])
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z0-9_]+)[ \t]*\?=(.*)$`).FindAllStringSubmatch(string(src), -1) {
+		if _, dup := defaults[m[1]]; !dup {
+			v, _, _ := strings.Cut(m[2], "#")
+			defaults[m[1]] = strings.TrimSpace(v)
+		}
 	}
-	passed := regexp.MustCompile(`(IDEMSTREAM_[A-Z_]+)="?\$\(([A-Z_]+)\)`).FindAllStringSubmatch(string(src), -1)
+	// Every IDEMSTREAM_ setting the Makefile passes from a variable must
+	// be in the one form read here, or it would go unchecked.
+	assigned := regexp.MustCompile(`(IDEMSTREAM_[A-Z0-9_]+)="?\$`).FindAllStringSubmatch(string(src), -1)
+	passed := regexp.MustCompile(`(IDEMSTREAM_[A-Z0-9_]+)="?\$\(([A-Z0-9_]+)\)(["\s]|$)`).FindAllStringSubmatch(string(src), -1)
+	if len(passed) != len(assigned) {
+		t.Fatalf("the Makefile passes %d IDEMSTREAM_ settings from variables, %d of them as $(VAR): write the others as IDEMSTREAM_X=$(VAR)", len(assigned), len(passed))
+	}
+	// Settings the readers take that the Makefile does not pass: their
+	// defaults, whatever the caller's environment holds.
+	for _, name := range []string{"IDEMSTREAM_LOAD_BOUND", "IDEMSTREAM_LATENCY_CALIBRATE", "IDEMSTREAM_LATENCY_CALIBRATE_RUNS"} {
+		t.Setenv(name, "")
+	}
 	seen := map[string]bool{}
 	for _, m := range passed {
 		v, ok := defaults[m[2]]
@@ -167,9 +183,8 @@ func TestMakefileDefaultsAreAccepted(t *testing.T) {
 			t.Errorf("the Makefile no longer passes %s: this test reads the wrong file", name)
 		}
 	}
-	load := readLoadSettings(t)
-	if load.records < 300000 || load.rounds < 1 {
-		t.Errorf("make load's defaults: %d records, %d rounds; the issue asks for a backlog of at least 300,000 and one round at least", load.records, load.rounds)
+	if load := readLoadSettings(t); load.records < 300000 {
+		t.Errorf("make load's default backlog is %d records; the issue asks for at least 300,000", load.records)
 	}
 	if lat := readLatencySettings(t); lat.rate != 0 {
 		t.Errorf("make latency's default rate is %d, want 0 (calibrated in the run)", lat.rate)
