@@ -50,6 +50,16 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// pipelineTopics names a test's run (its group and store prefix) and
+// creates the run's input, output and dead-letter topics.
+func pipelineTopics(t *testing.T, brokers []string, name string, partitions int) (run, in, out, dlq string) {
+	t.Helper()
+	run = testenv.UniqueName(t, name)
+	in, out, dlq = run+".in", run+".out", run+".dlq"
+	testenv.CreateTopics(t, brokers, partitions, in, out, dlq)
+	return run, in, out, dlq
+}
+
 // writeRunConfig writes a config with one pipeline (a YAML flow mapping)
 // on the test's broker and Redis, the group and Redis prefix named run,
 // and returns its path. The test servers keep Redis without persistence,
@@ -365,9 +375,7 @@ func keysOf[V any](m map[string]V) []string {
 func TestRunThreeInstancesShareSixPartitions(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	redisAddr := testenv.RedisAddr(t)
-	run := testenv.UniqueName(t, "group")
-	inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
-	testenv.CreateTopics(t, brokers, 6, inTopic, outTopic, dlqTopic)
+	run, inTopic, outTopic, dlqTopic := pipelineTopics(t, brokers, "group", 6)
 	config := writeRunConfig(t, brokers, redisAddr, run,
 		fmt.Sprintf("{name: claims, input: %s, output: %s, dlq: %s, volatile: [/attempt]}", inTopic, outTopic, dlqTopic))
 	insts := []*instance{startInstance(t, config, nil), startInstance(t, config, nil), startInstance(t, config, nil)}
@@ -431,9 +439,7 @@ func TestRunThreeInstancesShareSixPartitions(t *testing.T) {
 func TestRunBatchSize(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	redisAddr := testenv.RedisAddr(t)
-	run := testenv.UniqueName(t, "batch")
-	inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
-	testenv.CreateTopics(t, brokers, 1, inTopic, outTopic, dlqTopic)
+	run, inTopic, outTopic, dlqTopic := pipelineTopics(t, brokers, "batch", 1)
 	config := writeRunConfig(t, brokers, redisAddr, run, fmt.Sprintf("{name: p, input: %s, output: %s, dlq: %s}", inTopic, outTopic, dlqTopic))
 	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
 	const records, size = 40, 5
@@ -465,9 +471,7 @@ func TestRunBatchSize(t *testing.T) {
 func TestRunPausesWhileRedisIsDown(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true})
-	run := testenv.UniqueName(t, "outage")
-	inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
-	testenv.CreateTopics(t, brokers, 1, inTopic, outTopic, dlqTopic)
+	run, inTopic, outTopic, dlqTopic := pipelineTopics(t, brokers, "outage", 1)
 	config := filepath.Join(t.TempDir(), "c.yaml")
 	yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s}\nstore: {redis: {url: 'redis://%s/0'}}\npipelines:\n  - {name: p, input: %s, output: %s, dlq: %s, key: {format: any}}\n",
 		strings.Join(brokers, ","), run, srv.Addr, inTopic, outTopic, dlqTopic)
@@ -552,9 +556,7 @@ func TestRunSASL(t *testing.T) {
 	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
 	for _, mech := range []string{"plain", "scram-sha-256", "scram-sha-512"} {
 		t.Run(mech, func(t *testing.T) {
-			run := testenv.UniqueName(t, "sasl")
-			inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
-			testenv.CreateTopics(t, brokers, 1, inTopic, outTopic, dlqTopic)
+			run, inTopic, outTopic, dlqTopic := pipelineTopics(t, brokers, "sasl", 1)
 			config := filepath.Join(t.TempDir(), "c.yaml")
 			yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s, sasl: {mechanism: %s, username: %s, password_env: KAFKA_PASSWORD}}\n"+
 				"store: {redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}\npipelines:\n  - {name: p, input: %s, output: %s, dlq: %s, key: {format: any}}\n",
@@ -595,9 +597,7 @@ func TestRunTLS(t *testing.T) {
 	tlsBrokers, caFile := testenv.KafkaTLSBrokers(t)
 	redisAddr := testenv.RedisAddr(t)
 	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
-	run := testenv.UniqueName(t, "tls")
-	inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
-	testenv.CreateTopics(t, brokers, 1, inTopic, outTopic, dlqTopic)
+	run, inTopic, outTopic, dlqTopic := pipelineTopics(t, brokers, "tls", 1)
 	write := func(name, tls string) string {
 		config := filepath.Join(t.TempDir(), name)
 		yaml := fmt.Sprintf("kafka: {brokers: [%s], group: %s, tls: %s}\n"+

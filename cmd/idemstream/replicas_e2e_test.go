@@ -22,9 +22,7 @@ func TestRunPausesWhileReplicasDoNotAcknowledge(t *testing.T) {
 	master := testenv.StartRedis(t, testenv.RedisConfig{})
 	proxy := testenv.StartReplicationProxy(t, master.Addr)
 	testenv.StartRedisReplica(t, proxy.Addr, testenv.RedisConfig{})
-	run := testenv.UniqueName(t, "replicas")
-	inTopic, outTopic, dlqTopic := run+".in", run+".out", run+".dlq"
-	testenv.CreateTopics(t, brokers, 1, inTopic, outTopic, dlqTopic)
+	run, inTopic, outTopic, dlqTopic := pipelineTopics(t, brokers, "replicas", 1)
 	config := filepath.Join(t.TempDir(), "c.yaml")
 	// No persistence on the master: min_replicas 1 is what keeps the
 	// decisions, and the start-up checks accept it.
