@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/sinks"
@@ -39,7 +42,12 @@ type replyWork struct {
 // waited for and decided. So two batches that each hold a key the other
 // waits for (records of one key on two partitions) never wait each other
 // out: each finishes its own keys before it waits.
-func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, batch []sinks.Fetched, fetched time.Time, fl *floors) error {
+//
+// Between the phases, the records before the first one that waits are
+// committed (commitTo): they are complete, and a crash while the batch
+// waits, followed by an outage longer than the window, would otherwise
+// decide them first again once their entries expired.
+func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, batch []sinks.Fetched, fetched time.Time, fl *floors, commitTo func(next int64)) error {
 	recs := make([]dedupe.Record, len(batch))
 	for i, f := range batch {
 		recs[i] = dedupe.Record{Topic: p.cfg.Input, Partition: f.Partition, Offset: f.Offset,
@@ -50,6 +58,11 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 		return err
 	}
 	if len(deferred) > 0 {
+		first := recs[deferred[0]].Offset
+		for _, i := range deferred {
+			first = min(first, recs[i].Offset)
+		}
+		commitTo(first)
 		waiting := make([]dedupe.Record, len(deferred))
 		for j, i := range deferred {
 			waiting[j] = recs[i]
@@ -80,6 +93,9 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 	}()
 
 	if err := r.decide(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.checkRules(ctx); err != nil {
 		return nil, err
 	}
 	if err := r.recover(ctx); err != nil {
@@ -124,11 +140,19 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 				fc.failed(dedupe.ReasonHandlerFailed, herr)
 				continue
 			}
-			fc.handled(sinks.Result(p.cfg.Output, int(fc.intent.Partition), rec, o, res.Value, res.Headers))
+			msg := sinks.Result(p.cfg.Output, int(fc.intent.Partition), rec, o, res.Value, res.Headers)
+			if p.cfg.Identity != "" {
+				msg.Headers = append(msg.Headers, dedupe.Header{Key: sinks.HeaderPipeline, Value: p.identity})
+			}
+			fc.handled(msg)
 		case dedupe.OutcomeReplay:
 			if o.Decision.RulesChanged && o.Decision.Mismatch && p.policy.Semantics == dedupe.Strict {
 				rulesChange++
-				if p.conflictUnderCurrentRules(ctx, o) {
+				conflict, err := p.conflictUnderCurrentRules(ctx, pz, o)
+				if err != nil {
+					return nil, err
+				}
+				if conflict {
 					o.Kind, o.Reason = dedupe.OutcomeConflict, dedupe.ReasonConflict
 					o.Err = fmt.Errorf("idempotency key reused with a different payload: fingerprint %s; the first copy at %s, fingerprinted again under the current rules, differs",
 						o.Fingerprint, o.Decision.Entry.FirstSource)
@@ -198,15 +222,41 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 // conflictUnderCurrentRules settles a mismatch against an entry made under
 // other rules: the first copy, read back from its source, is fingerprinted
 // under the current rules. A rules change must not flood the DLQ with false
-// conflicts, nor let a real one pass. When the first copy cannot be read
-// (retention), the record is a replay, as SPEC says for rules changes.
-func (p *Pipeline) conflictUnderCurrentRules(ctx context.Context, o *dedupe.Outcome) bool {
-	msg, ok := p.inputRecord(ctx, o.Decision.Entry.FirstSource)
-	if !ok {
-		return false
+// conflicts, nor let a real one pass. Only a first copy that is gone
+// (retention) makes the record a replay, as SPEC says for rules changes; a
+// fetch that fails pauses the partition and is tried again, never read as
+// "gone".
+func (p *Pipeline) conflictUnderCurrentRules(ctx context.Context, pz *pauser, o *dedupe.Outcome) (bool, error) {
+	msg, ok, err := p.firstCopy(ctx, pz, o.Decision.Entry.FirstSource)
+	if err != nil || !ok {
+		return false, err
 	}
 	fp, err := p.canon.Fingerprint(msg.Value)
-	return err == nil && fp != o.Fingerprint
+	return err == nil && fp != o.Fingerprint, nil
+}
+
+// firstCopy reads the input record at source, pausing while the broker
+// does not answer: false when the input no longer holds it.
+func (p *Pipeline) firstCopy(ctx context.Context, pz *pauser, source string) (sinks.Message, bool, error) {
+	for empty := 0; ; {
+		msg, ok, err := p.inputRecord(ctx, source)
+		switch {
+		case err == nil && ok:
+			pz.resume()
+			return msg, true, nil
+		case err == nil:
+			pz.resume()
+			return sinks.Message{}, false, nil
+		case errors.Is(err, errNoRecords) && empty < 20:
+			empty++
+			continue
+		case ctx.Err() != nil:
+			return sinks.Message{}, false, ctx.Err()
+		case !dedupe.IsRetryable(err):
+			return sinks.Message{}, false, fmt.Errorf("read the first copy at %s: %w", source, err)
+		}
+		pz.pause(ctx, "read the first copy", err)
+	}
 }
 
 // floors reads the end offset of every output partition before a batch is
@@ -253,11 +303,23 @@ func (p *Pipeline) handle(ctx context.Context, rec *dedupe.Record, o *dedupe.Out
 // writeAtLeastOnce writes dead letters or replies until every one is
 // acknowledged. They carry no idempotency of their own: after a write of
 // unknown outcome they are written again and may appear twice, with the
-// same idemstream-source. A record the topic refuses for good stops the
-// pipeline: nothing can be committed past it.
+// same idemstream-source. A record the broker refuses for its size is an
+// answer about that record, not the batch: it is trimmed (see trimmed) and
+// written again. A record the topic refuses for good stops the pipeline:
+// nothing can be committed past it.
 func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic string, msgs []sinks.Message) error {
-	for len(msgs) > 0 {
-		written, err := p.cfg.Broker.Write(ctx, msgs)
+	msgs = slices.Clone(msgs)
+	tries := make([]int, len(msgs)) // size refusals of each message so far
+	idx := make([]int, len(msgs))   // pending messages, by index
+	for i := range idx {
+		idx[i] = i
+	}
+	for len(idx) > 0 {
+		batch := make([]sinks.Message, len(idx))
+		for j, i := range idx {
+			batch[j] = msgs[i]
+		}
+		written, err := p.cfg.Broker.Write(ctx, batch)
 		if err == nil {
 			pz.resume()
 			return nil
@@ -265,27 +327,78 @@ func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		var again []sinks.Message
-		for j := range msgs {
+		var again []int
+		unavailable := false
+		for j, i := range idx {
 			w := sinks.Written{Offset: dedupe.NoPosition, Err: err}
 			if written != nil {
 				w = written[j]
 			}
 			switch {
 			case w.Err == nil && w.Offset >= 0:
+			case errors.Is(w.Err, dedupe.ErrPayloadTooLarge):
+				tries[i]++
+				next, ok := trimmed(msgs[i], tries[i])
+				if !ok {
+					return fmt.Errorf("write %s to %s: %w: even without its payload, key and input headers the record from %s is refused: %w",
+						what, topic, dedupe.ErrBrokerRefused, sourceOf(msgs[i]), w.Err)
+				}
+				msgs[i] = next
+				again = append(again, i)
+				if tries[i] == 1 {
+					if m := p.cfg.Metrics; m != nil {
+						m.RecordsTrimmed.WithLabelValues(p.cfg.Name).Inc()
+					}
+					p.log.Warn("a "+what+" record was too large for its topic; writing it trimmed", "topic", topic, "source", sourceOf(msgs[i]), "err", w.Err)
+				}
 			case errors.Is(w.Err, sinks.ErrAmbiguous), dedupe.IsRetryable(w.Err):
-				again = append(again, msgs[j])
+				again, unavailable = append(again, i), true
 			default:
 				return fmt.Errorf("write %s to %s: %w: %w", what, topic, dedupe.ErrBrokerRefused, w.Err)
 			}
 		}
-		msgs = again
-		if len(msgs) > 0 {
+		idx = again
+		if unavailable {
 			pz.pause(ctx, "write "+what, err)
 		}
 	}
 	pz.resume()
 	return nil
+}
+
+// trimmed is the try-th smaller form of a record the broker refused for
+// its size: its payload halved each time (down to none), then without the
+// input's key and headers. A refused record was not appended, so writing
+// a smaller one is safe. false: nothing smaller is left to try.
+func trimmed(m sinks.Message, try int) (sinks.Message, bool) {
+	size := len(m.Value)
+	if try > 1 {
+		if _, bare := sinks.HeaderValue(m.Headers, sinks.HeaderPayloadSize); bare && size == 0 {
+			if m.Key == nil && !hasForeignHeaders(m.Headers) {
+				return m, false
+			}
+			return sinks.TrimDeadLetter(m, 0, true), true
+		}
+	}
+	keep := size / 2
+	if keep < 1024 {
+		keep = 0
+	}
+	return sinks.TrimDeadLetter(m, keep, false), true
+}
+
+func hasForeignHeaders(hs []dedupe.Header) bool {
+	for _, h := range hs {
+		if !strings.HasPrefix(h.Key, "idemstream-") {
+			return true
+		}
+	}
+	return false
+}
+
+func sourceOf(m sinks.Message) string {
+	src, _ := sinks.HeaderValue(m.Headers, sinks.HeaderSource)
+	return src
 }
 
 // storedResult reads the result record a completed key points to.
@@ -300,26 +413,39 @@ func (p *Pipeline) storedResult(ctx context.Context, ref dedupe.ResultRef) (sink
 	return recs[0].Message, true
 }
 
-// inputRecord reads the input record at source (topic/partition/offset).
-func (p *Pipeline) inputRecord(ctx context.Context, source string) (sinks.Message, bool) {
+// errNoRecords is a fetch below the high watermark that returned nothing.
+var errNoRecords = fmt.Errorf("no records returned below the high watermark: %w", dedupe.ErrBrokerUnavailable)
+
+// inputRecord reads the input record at source (topic/partition/offset):
+// false with no error when the input no longer holds it (deleted by
+// retention or compaction, or not on this pipeline's input), an error when
+// the broker did not say.
+func (p *Pipeline) inputRecord(ctx context.Context, source string) (sinks.Message, bool, error) {
 	rest, ok := strings.CutPrefix(source, p.cfg.Input+"/")
 	if !ok {
-		return sinks.Message{}, false
+		return sinks.Message{}, false, nil
 	}
 	part, off, ok := strings.Cut(rest, "/")
 	if !ok {
-		return sinks.Message{}, false
+		return sinks.Message{}, false, nil
 	}
 	partition, err1 := strconv.Atoi(part)
 	offset, err2 := strconv.ParseInt(off, 10, 64)
 	if err1 != nil || err2 != nil {
-		return sinks.Message{}, false
+		return sinks.Message{}, false, nil
 	}
-	recs, _, err := p.cfg.Broker.Fetch(ctx, p.cfg.Input, partition, offset, 10*time.Millisecond)
-	if err != nil || len(recs) == 0 || recs[0].Offset != offset {
-		return sinks.Message{}, false
+	recs, hw, err := p.cfg.Broker.Fetch(ctx, p.cfg.Input, partition, offset, 10*time.Millisecond)
+	switch {
+	case errors.Is(err, kafka.OffsetOutOfRange):
+		return sinks.Message{}, false, nil
+	case err != nil:
+		return sinks.Message{}, false, err
+	case len(recs) == 0 && offset < hw:
+		return sinks.Message{}, false, errNoRecords
+	case len(recs) == 0 || recs[0].Offset != offset:
+		return sinks.Message{}, false, nil
 	}
-	return recs[0].Message, true
+	return recs[0].Message, true, nil
 }
 
 // conflictPaths names the fields that differ from the first copy. The
@@ -329,7 +455,7 @@ func (p *Pipeline) conflictPaths(ctx context.Context, o *dedupe.Outcome, recs []
 	var first []byte
 	if fc, ok := firstIn[o.Key]; ok {
 		first = recs[fc.rec].Value
-	} else if msg, ok := p.inputRecord(ctx, o.Decision.Entry.FirstSource); ok {
+	} else if msg, ok, _ := p.inputRecord(ctx, o.Decision.Entry.FirstSource); ok {
 		first = msg.Value
 	}
 	if first == nil {
@@ -364,6 +490,9 @@ func (p *Pipeline) writeReplies(ctx context.Context, pz *pauser, recs []dedupe.R
 			continue
 		case r.state == dedupe.Pending:
 			skipped["pending"]++
+			continue
+		case r.state == dedupe.Failed:
+			skipped["failed"]++
 			continue
 		default:
 			var ok bool

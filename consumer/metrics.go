@@ -30,6 +30,12 @@ type Metrics struct {
 	// were durable (revoked past the drain time, fenced, a store or broker
 	// refusal): their records are read again.
 	BatchesAbandoned *prometheus.CounterVec
+	// CommitErrors counts offset commits that failed (each is retried).
+	CommitErrors *prometheus.CounterVec
+	// RecordsTrimmed counts dead letters and replies written with less
+	// than the whole input record, because the topic refused them for
+	// their size.
+	RecordsTrimmed *prometheus.CounterVec
 
 	// StoreReplicaAckFailures counts store calls whose writes too few
 	// replicas acknowledged in time (store.redis.min_replicas); each is
@@ -69,9 +75,14 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 			Help: "Recovery scans whose floor the output partition no longer held."}, []string{"pipeline"}),
 		BatchesAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_abandoned_total",
 			Help: "Batches that ended before their outcomes were durable; their records are read again."}, []string{"pipeline"}),
+		CommitErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "commit_errors_total",
+			Help: "Offset commits that failed; each is retried while the partition is owned."}, []string{"pipeline"}),
+		RecordsTrimmed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "records_trimmed_total",
+			Help: "Dead letters and replies written without their whole payload (or key and headers): the topic refused them for their size."}, []string{"pipeline"}),
 	}
 	for _, c := range []prometheus.Collector{m.Records, m.DLQRecords, m.LenientMismatch, m.Lag, m.DecisionSeconds,
-		m.StoreSeconds, m.StoreErrors, m.StoreReplicaAckFailures, m.Rebalances, m.Inflight, m.BuildInfo, m.RepliesSkipped, m.ScanFloorTruncated, m.BatchesAbandoned} {
+		m.StoreSeconds, m.StoreErrors, m.StoreReplicaAckFailures, m.Rebalances, m.Inflight, m.BuildInfo, m.RepliesSkipped, m.ScanFloorTruncated, m.BatchesAbandoned,
+		m.CommitErrors, m.RecordsTrimmed} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -97,6 +108,8 @@ func (m *Metrics) initPipeline(name string, reasons []string) {
 	}
 	m.ScanFloorTruncated.WithLabelValues(name)
 	m.BatchesAbandoned.WithLabelValues(name)
+	m.CommitErrors.WithLabelValues(name)
+	m.RecordsTrimmed.WithLabelValues(name)
 	for _, op := range []string{"decide", "complete", "lookup"} {
 		m.StoreErrors.WithLabelValues(op)
 	}

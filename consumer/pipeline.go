@@ -84,12 +84,40 @@ type Config struct {
 	WriteTimeout time.Duration
 	// SessionTimeout of the group membership (default 10s).
 	SessionTimeout time.Duration
+	// Identity names what makes this pipeline's decisions this pipeline's:
+	// its input, output, group, store namespace and key rule. Every result
+	// carries it (idemstream-pipeline), and Run refuses to start when the
+	// latest result of an output partition names another identity, unless
+	// that is AcceptIdentity: a renamed pipeline, prefix or group, or a
+	// changed key rule, would decide again every command whose entry it
+	// cannot see. Empty: not checked.
+	Identity       string
+	AcceptIdentity string
+	// Start is where the group begins a partition it has no committed
+	// offset for (pipelines[].start): the earliest record by default.
+	Start StartAt
 	// DrainTimeout is how long a member whose partitions are revoked (a
 	// rebalance, SIGTERM) goes on with the batch in hand, so that the next
 	// owner finds its keys completed rather than PENDING; what is not done
 	// by then is abandoned (see protocol.go). It must stay below the
 	// rebalance timeout (SessionTimeout): default half of it.
 	DrainTimeout time.Duration
+}
+
+// StartAt is where a group with no committed offset begins: the earliest
+// record the partition holds (the zero value), the latest (Latest: only
+// records written from now on), or the first record at or after Time. A
+// new group that starts at the earliest record decides every command the
+// input still holds whose entry is gone: right for a new pipeline, a
+// second result for each such command if the pipeline was only renamed.
+type StartAt struct {
+	Latest bool
+	Time   time.Time
+}
+
+// offsetsAt is the Broker of a pipeline that starts at a time.
+type offsetsAt interface {
+	OffsetsAt(ctx context.Context, topic string, partitions []int, t time.Time) (map[int]int64, error)
 }
 
 // DefaultSettleWait is 1.5 × Kafka's default replica.lag.time.max.ms
@@ -113,10 +141,11 @@ func InstanceID() string {
 
 // Pipeline consumes one input topic as one consumer group member.
 type Pipeline struct {
-	cfg    Config
-	canon  *dedupe.Canonicalizer
-	policy dedupe.Policy
-	log    *slog.Logger
+	cfg      Config
+	identity []byte // cfg.Identity, shared by every result's header
+	canon    *dedupe.Canonicalizer
+	policy   dedupe.Policy
+	log      *slog.Logger
 
 	joined     atomic.Bool
 	pausedN    atomic.Int32
@@ -160,6 +189,12 @@ func New(cfg Config) (*Pipeline, error) {
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = cfg.SessionTimeout / 2
 	}
+	if _, ok := cfg.Broker.(offsetsAt); !cfg.Start.Time.IsZero() && !ok {
+		return nil, fmt.Errorf("consumer: a start time needs a Broker that lists offsets by time (%T does not)", cfg.Broker)
+	}
+	if cfg.Start.Latest && !cfg.Start.Time.IsZero() {
+		return nil, errors.New("consumer: start at the latest record or at a time, not both")
+	}
 	if cfg.DrainTimeout >= cfg.SessionTimeout {
 		return nil, fmt.Errorf("consumer: drain timeout %v must be shorter than the session (rebalance) timeout %v", cfg.DrainTimeout, cfg.SessionTimeout)
 	}
@@ -170,10 +205,11 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg.Instance = InstanceID()
 	}
 	p := &Pipeline{
-		cfg:    cfg,
-		canon:  cfg.Decider.Canonicalizer(),
-		policy: cfg.Decider.Policy(),
-		log:    cfg.Logger.With("pipeline", cfg.Name),
+		cfg:      cfg,
+		canon:    cfg.Decider.Canonicalizer(),
+		policy:   cfg.Decider.Policy(),
+		log:      cfg.Logger.With("pipeline", cfg.Name),
+		identity: []byte(cfg.Identity),
 	}
 	if cfg.Metrics != nil {
 		reasons := []string{}
@@ -206,12 +242,15 @@ func (p *Pipeline) Run(parent context.Context) error {
 	if err := p.checkTopics(ctx); err != nil {
 		return fmt.Errorf("pipeline %s: %w", p.cfg.Name, err)
 	}
+	if err := p.checkIdentity(ctx); err != nil {
+		return fmt.Errorf("pipeline %s: %w", p.cfg.Name, err)
+	}
 	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                    p.cfg.Group,
 		Brokers:               p.cfg.Brokers,
 		Dialer:                p.cfg.Dialer,
 		Topics:                []string{p.cfg.Input},
-		StartOffset:           kafka.FirstOffset,
+		StartOffset:           p.startOffset(),
 		HeartbeatInterval:     p.cfg.SessionTimeout / 5,
 		SessionTimeout:        p.cfg.SessionTimeout,
 		RebalanceTimeout:      p.cfg.SessionTimeout,
@@ -263,6 +302,36 @@ func (p *Pipeline) Run(parent context.Context) error {
 	}
 }
 
+func (p *Pipeline) startOffset() int64 {
+	if p.cfg.Start.Latest {
+		return kafka.LastOffset
+	}
+	return kafka.FirstOffset
+}
+
+// startAt resolves the start of a partition the group has no committed
+// offset for when the pipeline starts at a time (kafka-go's group knows
+// only the earliest and the latest).
+func (p *Pipeline) startAt(ctx context.Context, pz *pauser, partition int) (int64, error) {
+	for {
+		offs, err := p.cfg.Broker.(offsetsAt).OffsetsAt(ctx, p.cfg.Input, []int{partition}, p.cfg.Start.Time)
+		if err == nil {
+			if off, ok := offs[partition]; ok {
+				pz.resume()
+				return off, nil
+			}
+			err = fmt.Errorf("no offset listed for %s/%d: %w", p.cfg.Input, partition, dedupe.ErrBrokerUnavailable)
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		if !dedupe.IsRetryable(err) {
+			return 0, err
+		}
+		pz.pause(ctx, "list offsets by time", err)
+	}
+}
+
 // topicWait bounds how long Run waits at start for a topic the cluster
 // says does not exist (one being created is not known everywhere at once).
 var topicWait = 30 * time.Second
@@ -296,6 +365,82 @@ func (p *Pipeline) checkTopics(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// ErrIdentityChanged is a pipeline whose output holds results of another
+// identity (Config.Identity).
+var ErrIdentityChanged = errors.New("pipeline identity changed")
+
+// checkIdentity reads the latest record of every output partition and
+// refuses to start when a result there names another identity than this
+// pipeline's (or the one the operator accepted).
+func (p *Pipeline) checkIdentity(ctx context.Context) error {
+	if p.cfg.Identity == "" {
+		return nil
+	}
+	for attempt := 0; ; attempt++ {
+		other, err := p.otherIdentity(ctx)
+		if err == nil {
+			if other == "" || other == p.cfg.AcceptIdentity {
+				return nil
+			}
+			return fmt.Errorf("%w: the latest results in %s were written as %q, this pipeline is %q: "+
+				"it would decide again every command whose entry it cannot see (a renamed pipeline, prefix or group starts afresh, and a new group reads the input from its start); "+
+				"restore the old name, prefix, group or key rule, or, if the change is intended, set the pipeline's accept_identity to %q: %w",
+				ErrIdentityChanged, p.cfg.Output, other, p.cfg.Identity, other, dedupe.ErrBrokerRefused)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !dedupe.IsRetryable(err) {
+			return err
+		}
+		if attempt == 0 || attempt%30 == 0 {
+			p.log.Warn("reading the latest results failed; retrying", "topic", p.cfg.Output, "err", err)
+		}
+		if sleep(ctx, time.Second) != nil {
+			return nil
+		}
+	}
+}
+
+// otherIdentity returns the identity named by the latest result of an
+// output partition when it differs from this pipeline's, or "".
+func (p *Pipeline) otherIdentity(ctx context.Context) (string, error) {
+	n, err := p.cfg.Broker.Partitions(ctx, p.cfg.Output)
+	if err != nil {
+		return "", err
+	}
+	parts := make([]int, n)
+	for i := range parts {
+		parts[i] = i
+	}
+	ends, err := p.cfg.Broker.EndOffsets(ctx, p.cfg.Output, parts)
+	if err != nil {
+		return "", err
+	}
+	starts, err := p.cfg.Broker.StartOffsets(ctx, p.cfg.Output, parts)
+	if err != nil {
+		return "", err
+	}
+	for _, q := range parts {
+		if ends[q] <= starts[q] {
+			continue
+		}
+		recs, _, err := p.cfg.Broker.Fetch(ctx, p.cfg.Output, q, ends[q]-1, 10*time.Millisecond)
+		if errors.Is(err, kafka.OffsetOutOfRange) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		for _, rec := range recs {
+			if id, ok := sinks.HeaderValue(rec.Headers, sinks.HeaderPipeline); ok && id != p.cfg.Identity {
+				return id, nil
+			}
+		}
+	}
+	return "", nil
 }
 
 // drainContext returns a context for the work of a partition that ends
@@ -415,6 +560,18 @@ func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int
 	defer func() { p.inflight(-held) }()
 	ahead := &prefetcher{p: p, gen: gen, partition: partition}
 	defer ahead.wait()
+	refetch := backoff{min: 200 * time.Millisecond, max: 10 * time.Second}
+	if offset == kafka.FirstOffset && !p.cfg.Start.Time.IsZero() {
+		start, err := p.startAt(gen, pz, partition)
+		if err != nil {
+			if gen.Err() == nil {
+				p.stop(fmt.Errorf("start of %s/%d at %s: %w", p.cfg.Input, partition, p.cfg.Start.Time.Format(time.RFC3339), err))
+			}
+			return
+		}
+		log.Info("no committed offset: starting at the configured time", "start", p.cfg.Start.Time.Format(time.RFC3339), "offset", start)
+		offset = start
+	}
 	for gen.Err() == nil {
 		recs, hw, err := ahead.fetch(offset)
 		if err == nil && len(recs) > 0 {
@@ -446,44 +603,107 @@ func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int
 		fl := &floors{}
 		for start := 0; start < len(recs) && gen.Err() == nil; start += p.cfg.BatchSize {
 			batch := recs[start:min(start+p.cfg.BatchSize, len(recs))]
-			if err := p.processBatch(ctx, pz, holder, batch, fetched, fl); err != nil {
-				if m := p.cfg.Metrics; m != nil {
-					m.BatchesAbandoned.WithLabelValues(p.cfg.Name).Inc()
-				}
-				if ctx.Err() != nil {
-					log.Info("revoked: the batch in hand did not finish within the drain time; its records go to the next owner",
-						"offset", offset, "drain", p.cfg.DrainTimeout)
+			// commitTo commits a batch's records up to next (the batch
+			// commits what is complete before it waits for keys held
+			// elsewhere, then the rest).
+			commitTo := func(next int64) {
+				if next <= offset {
 					return
 				}
-				if !errors.Is(err, errFenced) && dedupe.Classify(err) == dedupe.Fatal {
-					log.Error("stopping: an error that retrying cannot cure; nothing past it is committed", "offset", offset, "err", err)
-					p.stop(err)
-					return
+				p.commit(ctx, log, commit, partition, next)
+				done := 0
+				for _, r := range batch {
+					if r.Offset < next && r.Offset >= offset {
+						done++
+					}
 				}
-				// Fenced: another worker took a key over. Drop the batch,
-				// commit nothing, and read again from the last committed
-				// offset; the store decides what comes back.
-				log.Warn("batch dropped without commit; its records are read again", "offset", offset, "err", err)
-				p.inflight(-held)
-				held = 0
-				break
+				offset = next
+				p.inflight(-done)
+				held -= done
+				p.setLag(partition, hw, offset, nil)
 			}
-			next := batch[len(batch)-1].Offset + 1
-			if err := commit.CommitOffsets(map[string]map[int]int64{p.cfg.Input: {partition: next}}); err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				// A lost commit costs replays, never results: the store
-				// decides redelivered records.
-				log.Warn("offset commit failed; records may be delivered again", "offset", next, "err", err)
+			err := p.processBatch(ctx, pz, holder, batch, fetched, fl, commitTo)
+			if err == nil {
+				refetch.reset()
+				commitTo(batch[len(batch)-1].Offset + 1)
+				continue
 			}
-			offset = next
-			p.inflight(-len(batch))
-			held -= len(batch)
-			p.setLag(partition, hw, offset, nil)
+			if m := p.cfg.Metrics; m != nil {
+				m.BatchesAbandoned.WithLabelValues(p.cfg.Name).Inc()
+			}
+			if ctx.Err() != nil {
+				log.Info("revoked: the batch in hand did not finish within the drain time; its records go to the next owner",
+					"offset", offset, "drain", p.cfg.DrainTimeout)
+				return
+			}
+			if !errors.Is(err, errFenced) {
+				// Only a fenced batch is worth reading again: anything
+				// else that ends a batch would end it again (a record
+				// the topic refuses, a store that refuses a request), and
+				// reading it again and again would write its dead letters
+				// and results again each time.
+				log.Error("stopping: an error that retrying cannot cure; nothing past it is committed", "offset", offset, "err", err)
+				p.stop(err)
+				return
+			}
+			// Fenced: another worker took a key over. Drop the batch,
+			// commit nothing, and read again from the last committed
+			// offset after a pause that grows while it happens again; the
+			// store decides what comes back.
+			wait := refetch.next()
+			log.Warn("batch dropped without commit; its records are read again", "offset", offset, "after", wait, "err", err)
+			p.inflight(-held)
+			held = 0
+			if sleep(gen, wait) != nil {
+				return
+			}
+			break
 		}
 	}
 }
+
+// commit commits next as the partition's offset, and tries again with
+// backoff while it fails and the partition's work goes on: a lost commit
+// leaves completed records to be read again, and once their window ends
+// they would be decided new (doc.go, "Assumptions").
+func (p *Pipeline) commit(ctx context.Context, log *slog.Logger, commit Committer, partition int, next int64) {
+	wait := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	for attempt := 1; ; attempt++ {
+		err := commit.CommitOffsets(map[string]map[int]int64{p.cfg.Input: {partition: next}})
+		if err == nil {
+			return
+		}
+		if m := p.cfg.Metrics; m != nil {
+			m.CommitErrors.WithLabelValues(p.cfg.Name).Inc()
+		}
+		if ctx.Err() != nil {
+			log.Warn("offset commit failed as the partition was revoked; its records are read again", "offset", next, "err", err)
+			return
+		}
+		if attempt == 1 || attempt%10 == 0 {
+			log.Warn("offset commit failed; retrying", "offset", next, "attempt", attempt, "err", err)
+		}
+		if sleep(ctx, wait.next()) != nil {
+			return
+		}
+	}
+}
+
+// backoff doubles from min to max; reset starts it again.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	return b.cur
+}
+
+func (b *backoff) reset() { b.cur = 0 }
 
 // inflight counts records fetched and not yet committed (or dropped).
 func (p *Pipeline) inflight(delta int) {

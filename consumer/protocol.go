@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -49,11 +50,14 @@ type firstCopy struct {
 	// intent is where the result goes: the partition recorded with the
 	// PENDING state (never recomputed once recorded) and its floor.
 	intent dedupe.Intent
-	stage  stage
-	msg    sinks.Message
-	result dedupe.ResultRef
-	reason dedupe.Reason // stageFailed: the dead letter's reason
-	err    error         // stageFailed: why
+	// decision names the entry's decision (dedupe.Entry.DecisionID): the
+	// scan takes a result for this key's only when it carries it.
+	decision string
+	stage    stage
+	msg      sinks.Message
+	result   dedupe.ResultRef
+	reason   dedupe.Reason // stageFailed: the dead letter's reason
+	err      error         // stageFailed: why
 }
 
 // results runs the protocol for the first copies of one batch.
@@ -77,6 +81,8 @@ type results struct {
 	// second phase of a batch); otherwise they are deferred.
 	wait     bool
 	deferred []int
+	// intent is the IntentFunc of the last decision (the floors it read).
+	intent dedupe.IntentFunc
 }
 
 // floors are the end offsets of the output partitions at one moment.
@@ -122,6 +128,7 @@ func (r *results) decide(ctx context.Context) error {
 				q := sinks.PartitionFor(sinks.ResultKey(rec, key), nOut)
 				return dedupe.Intent{Partition: int32(q), Floor: floors[q]}
 			}
+			r.intent = intent
 			var outs []dedupe.Outcome
 			if r.wait {
 				outs, err = p.cfg.Decider.Decide(ctx, r.holder, r.recs, intent)
@@ -170,23 +177,80 @@ func (r *results) track(outs []dedupe.Outcome, nOut int) {
 		if o.Kind != dedupe.OutcomeFirst {
 			continue
 		}
-		rec := &r.recs[i]
-		intent := o.Decision.Entry.Intent
-		if intent.Partition < 0 {
-			// No partition recorded (an entry from before intents):
-			// chosen now, with this batch's floor, below anything this
-			// holder writes for it.
-			q := sinks.PartitionFor(sinks.ResultKey(rec, o.Key), nOut)
-			intent.Partition, intent.Floor = int32(q), dedupe.NoPosition
-			if f, ok := r.floors.ends[q]; ok {
-				intent.Floor = f
-			}
-		}
-		fc := &firstCopy{rec: i, key: o.Key, owner: dedupe.Owner{Holder: r.holder, Source: rec.Source()},
-			resumed: o.Decision.Resumed, intent: intent}
+		fc := r.newFirstCopy(i, o, nOut)
 		r.firsts = append(r.firsts, fc)
 		r.byRec[i] = fc
 	}
+}
+
+// newFirstCopy is the first copy of record i, decided first in o.
+func (r *results) newFirstCopy(i int, o *dedupe.Outcome, nOut int) *firstCopy {
+	rec := &r.recs[i]
+	intent := o.Decision.Entry.Intent
+	if intent.Partition < 0 {
+		// No partition recorded (an entry from before intents):
+		// chosen now, with this batch's floor, below anything this
+		// holder writes for it.
+		q := sinks.PartitionFor(sinks.ResultKey(rec, o.Key), nOut)
+		intent.Partition, intent.Floor = int32(q), dedupe.NoPosition
+		if f, ok := r.floors.ends[q]; ok {
+			intent.Floor = f
+		}
+	}
+	return &firstCopy{rec: i, key: o.Key, owner: dedupe.Owner{Holder: r.holder, Source: rec.Source()},
+		resumed: o.Decision.Resumed, intent: intent, decision: o.Decision.Entry.DecisionID()}
+}
+
+// Step 2b: a strict conflict against an entry made under other rules, on
+// a decision that would have acted on the key (rerun a FAILED key, take a
+// PENDING one over), is checked against the first copy under the current
+// rules. The same request, or a first copy the input no longer holds, is
+// decided again with the store told so; a real conflict stays one.
+func (r *results) checkRules(ctx context.Context) error {
+	p := r.p
+	var idx []int
+	for i := range r.outs {
+		o := &r.outs[i]
+		if !p.cfg.Decider.NeedsRulesCheck(o) {
+			continue
+		}
+		conflict, err := p.conflictUnderCurrentRules(ctx, r.pz, o)
+		if err != nil {
+			return err
+		}
+		if !conflict {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return nil
+	}
+	recs := make([]dedupe.Record, len(idx))
+	for j, i := range idx {
+		recs[j] = r.recs[i]
+	}
+	var outs []dedupe.Outcome
+	var deferred []int
+	err := r.pz.retryStore(ctx, "decide", func() (err error) {
+		outs, deferred, err = p.cfg.Decider.DecideRulesChecked(ctx, r.holder, recs, r.intent, r.wait)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for j, i := range idx {
+		r.outs[i] = outs[j]
+		if outs[j].Kind == dedupe.OutcomeFirst {
+			fc := r.newFirstCopy(i, &r.outs[i], r.floors.n)
+			r.firsts = append(r.firsts, fc)
+			r.byRec[i] = fc
+		}
+	}
+	for _, j := range deferred {
+		r.deferred = append(r.deferred, idx[j])
+	}
+	sort.Ints(r.deferred)
+	return nil
 }
 
 // Step 3: a resumed key (its own redelivered record, a released key, an
@@ -386,7 +450,13 @@ func (r *results) abandon() (released, completed, leased int) {
 	for _, fc := range r.firsts {
 		switch fc.stage {
 		case stageFound, stageWritten:
-			comps = append(comps, r.completion(fc, dedupe.Success))
+			// The batch will be read again, maybe much later (the
+			// pipeline stopped): the entry must outlive its window until
+			// then, or its record would be decided first again. A SUCCESS
+			// entry answers its own record as a replay while it is stored.
+			c := r.completion(fc, dedupe.Success)
+			c.KeepAtLeast = max(c.KeepAtLeast, dedupe.PendingRetention)
+			comps = append(comps, c)
 			completed++
 		case stageDecided, stageHandled, stageFailed:
 			comps = append(comps, r.completion(fc, dedupe.Pending))
@@ -420,17 +490,17 @@ func (p *Pipeline) scanFor(ctx context.Context, pz *pauser, fcs []*firstCopy) (m
 	found := map[*firstCopy]sinks.Written{}
 	for q, group := range byPartition {
 		floor := group[0].intent.Floor
-		want := map[string][]*firstCopy{}
+		want := map[string]string{}
 		for _, fc := range group {
 			floor = min(floor, fc.intent.Floor)
-			want[fc.key] = append(want[fc.key], fc)
+			want[fc.key] = fc.decision
 		}
 		hits, err := p.scan(ctx, pz, int(q), floor, want)
 		if err != nil {
 			return nil, err
 		}
-		for key, w := range hits {
-			for _, fc := range want[key] {
+		for _, fc := range group {
+			if w, ok := hits[fc.key]; ok {
 				found[fc] = w
 			}
 		}
@@ -439,10 +509,11 @@ func (p *Pipeline) scanFor(ctx context.Context, pz *pauser, fcs []*firstCopy) (m
 }
 
 // scan reads output partition q from floor up to its high watermark and
-// returns the first result of each wanted key. A floor the partition no
-// longer holds (retention, DeleteRecords) is counted and the scan starts
-// at the log start: what was deleted cannot be found by anyone.
-func (p *Pipeline) scan(ctx context.Context, pz *pauser, q int, floor int64, want map[string][]*firstCopy) (map[string]sinks.Written, error) {
+// returns the first result of each wanted key (want maps a key to its
+// decision, see resultOf). A floor the partition no longer holds
+// (retention, DeleteRecords) is counted and the scan starts at the log
+// start: what was deleted cannot be found by anyone.
+func (p *Pipeline) scan(ctx context.Context, pz *pauser, q int, floor int64, want map[string]string) (map[string]sinks.Written, error) {
 	hits := map[string]sinks.Written{}
 	prefix := p.cfg.Input + "/"
 	offset := floor
@@ -477,13 +548,14 @@ func (p *Pipeline) scan(ctx context.Context, pz *pauser, q int, floor int64, wan
 		}
 		for _, rec := range recs {
 			key, _ := sinks.HeaderValue(rec.Headers, sinks.HeaderKey)
-			if _, ok := want[key]; !ok {
+			decision, ok := want[key]
+			if !ok {
 				continue
 			}
 			if _, seen := hits[key]; seen {
 				continue
 			}
-			if src, _ := sinks.HeaderValue(rec.Headers, sinks.HeaderSource); !strings.HasPrefix(src, prefix) {
+			if !resultOf(rec.Headers, prefix, decision) {
 				continue
 			}
 			hits[key] = sinks.Written{Partition: q, Offset: rec.Offset}
@@ -507,6 +579,20 @@ func (p *Pipeline) scan(ctx context.Context, pz *pauser, q int, floor int64, wan
 		offset = recs[len(recs)-1].Offset + 1
 	}
 	return hits, nil
+}
+
+// resultOf reports whether a record of the output is the result of the
+// decision named: its idemstream-source is on this pipeline's input
+// (prefix), and its idemstream-decision names the decision. A result with
+// no idemstream-decision was written by a release before it, and is
+// matched by key and source alone, as that release did: a key of the
+// previous window could pass for this one's only with such a result.
+func resultOf(hs []dedupe.Header, prefix, decision string) bool {
+	if src, _ := sinks.HeaderValue(hs, sinks.HeaderSource); !strings.HasPrefix(src, prefix) {
+		return false
+	}
+	d, ok := sinks.HeaderValue(hs, sinks.HeaderDecision)
+	return !ok || d == decision
 }
 
 func (p *Pipeline) logStart(ctx context.Context, q int) (int64, error) {

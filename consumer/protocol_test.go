@@ -1,8 +1,8 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"sync"
@@ -107,7 +107,8 @@ func TestResultTooLargeBecomesADeadLetter(t *testing.T) {
 	pol := r.policy(dedupe.Strict)
 	huge := consumer.HandlerFunc(func(_ context.Context, c consumer.Command) (consumer.Result, error) {
 		if c.Key == "big" {
-			return consumer.Result{Value: bytes.Repeat([]byte{'x'}, 1200<<10)}, nil
+			// Random bytes: compression cannot bring them under the limit.
+			return consumer.Result{Value: incompressible(1200 << 10)}, nil
 		}
 		return consumer.Result{Value: c.Record.Value}, nil
 	})
@@ -125,6 +126,13 @@ func TestResultTooLargeBecomesADeadLetter(t *testing.T) {
 	if e, _, _ := r.store.Lookup(context.Background(), "p", "big"); e.State != dedupe.Failed {
 		t.Errorf("big is %s, want FAILED", e.State)
 	}
+}
+
+// incompressible returns n random bytes.
+func incompressible(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return b
 }
 
 // refusingBroker refuses every write to one topic, as a broker does on an
@@ -263,7 +271,7 @@ func TestRecoveryScanStartsAtTheLogStartAndReadsOnce(t *testing.T) {
 		if err != nil || decs[0].Verdict != dedupe.VerdictFirst {
 			t.Fatalf("dead owner's decision: %+v %v", decs, err)
 		}
-		o := dedupe.Outcome{Key: fmt.Sprintf("k%d", i), Fingerprint: f}
+		o := dedupe.Outcome{Key: fmt.Sprintf("k%d", i), Fingerprint: f, Decision: decs[0]}
 		results = append(results, sinks.Result("out", 0, &rec, &o, rec.Value, nil))
 	}
 	if _, err := r.io.Write(context.Background(), results); err != nil {

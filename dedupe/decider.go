@@ -186,7 +186,7 @@ func (d *Decider) extractKey(rec *Record) (string, error) {
 // are those the store gave before it (an empty Kind for the others), so
 // that the caller can release the keys it already owns.
 func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, intent IntentFunc) ([]Outcome, error) {
-	out, _, err := d.decide(ctx, holder, recs, intent, true)
+	out, _, err := d.decide(ctx, holder, recs, intent, true, false)
 	return out, err
 }
 
@@ -197,10 +197,26 @@ func (d *Decider) Decide(ctx context.Context, holder string, recs []Record, inte
 // the others, so that two batches that each hold a key the other waits for
 // do not wait each other out.
 func (d *Decider) DecideAvailable(ctx context.Context, holder string, recs []Record, intent IntentFunc) (outs []Outcome, deferred []int, err error) {
-	return d.decide(ctx, holder, recs, intent, false)
+	return d.decide(ctx, holder, recs, intent, false, false)
 }
 
-func (d *Decider) decide(ctx context.Context, holder string, recs []Record, intent IntentFunc, wait bool) ([]Outcome, []int, error) {
+// NeedsRulesCheck reports whether o is a strict conflict found against an
+// entry made under other rules, on a decision that would have acted on
+// the key (a FAILED key's rerun, a takeover): the caller reads the entry's
+// first copy, fingerprints it under the current rules, and if it is the
+// same request (or gone) decides the record again with DecideRulesChecked.
+func (d *Decider) NeedsRulesCheck(o *Outcome) bool {
+	return o.Kind == OutcomeConflict && o.Decision.RulesChanged && o.Decision.Mismatch && d.policy.Semantics == Strict
+}
+
+// DecideRulesChecked decides recs as Decide (wait) or DecideAvailable does,
+// telling the store that each record's first copy is the same request
+// under the current rules (DecideRequest.RulesChecked).
+func (d *Decider) DecideRulesChecked(ctx context.Context, holder string, recs []Record, intent IntentFunc, wait bool) ([]Outcome, []int, error) {
+	return d.decide(ctx, holder, recs, intent, wait, true)
+}
+
+func (d *Decider) decide(ctx context.Context, holder string, recs []Record, intent IntentFunc, wait, rulesChecked bool) ([]Outcome, []int, error) {
 	out := make([]Outcome, len(recs))
 	reqs := make([]DecideRequest, 0, len(recs))
 	idx := make([]int, 0, len(recs))
@@ -213,15 +229,16 @@ func (d *Decider) decide(ctx context.Context, holder string, recs []Record, inte
 			continue
 		}
 		req := DecideRequest{
-			Namespace:   d.policy.Pipeline,
-			Key:         prep.Key,
-			Fingerprint: prep.Fingerprint,
-			RulesDigest: d.canon.RulesDigest(),
-			Semantics:   d.policy.Semantics,
-			Window:      d.policy.Window,
-			Lease:       d.policy.Lease(),
-			Owner:       Owner{Holder: holder, Source: rec.Source()},
-			Intent:      Intent{Partition: -1, Floor: NoPosition},
+			Namespace:    d.policy.Pipeline,
+			Key:          prep.Key,
+			Fingerprint:  prep.Fingerprint,
+			RulesDigest:  d.canon.RulesDigest(),
+			Semantics:    d.policy.Semantics,
+			Window:       d.policy.Window,
+			Lease:        d.policy.Lease(),
+			Owner:        Owner{Holder: holder, Source: rec.Source()},
+			Intent:       Intent{Partition: -1, Floor: NoPosition},
+			RulesChecked: rulesChecked,
 		}
 		if intent != nil {
 			req.Intent = intent(rec, prep.Key)

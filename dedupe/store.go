@@ -3,6 +3,7 @@ package dedupe
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -116,6 +117,16 @@ type DecideRequest struct {
 	// key over or create one: the caller is about to write without
 	// scanning.
 	RenewOnly bool
+	// RulesChecked says that the caller read the entry's first copy and
+	// found it the same request as this record under the current rules
+	// (or found it gone). Until then, under strict semantics, a record
+	// whose fingerprint differs from one made under other rules may be
+	// answered as a replay, which changes nothing and which the caller
+	// checks the same way, but it never reruns a FAILED key nor takes a
+	// PENDING one over: those act on the key, and a real conflict must
+	// not pass for the same request. It is answered VerdictConflict with
+	// RulesChanged and Mismatch instead, for the caller to check.
+	RulesChecked bool
 }
 
 // Verdict is the store's answer for one record.
@@ -218,16 +229,18 @@ type Store interface {
 //	SUCCESS, same fingerprint    replay                     replay
 //	SUCCESS, other fingerprint   conflict (replay if the    replay (mismatch)
 //	                             rules changed)
+//	FAILED, its own record       replay                     replay
 //	FAILED, same fingerprint     first (rerun)              first (rerun)
 //	FAILED, other fingerprint    conflict (rerun if rules   first (rerun)
-//	                             changed)
+//	                             changed and RulesChecked)
 //	PENDING, own record          first (resumed)            first (resumed)
 //	PENDING, own source, other   pending while the lease runs, even when
 //	holder                       Final; then first (resumed, new owner)
 //	PENDING, same holder         as SUCCESS                 as SUCCESS
 //	PENDING, lease running       pending (as SUCCESS when Final)
 //	PENDING, lease over          first (resumed, new owner) if the record
-//	                             could be the same request, else conflict
+//	                             is the same request (RulesChecked when the
+//	                             rules changed), else conflict
 //
 // An entry is forgotten when its window ends (FAILED: when failed_ttl
 // ends), with two exceptions that keep a key from being decided first
@@ -277,13 +290,23 @@ func Apply(cur *Entry, req DecideRequest, now time.Time) (Decision, *Entry) {
 	d.RulesChanged = cur.RulesDigest != req.RulesDigest
 	d.Mismatch = cur.Fingerprint != req.Fingerprint
 	sameRequest := !d.Mismatch || d.RulesChanged || req.Semantics != Strict
+	// A rerun or a takeover acts on the key: see RulesChecked.
+	sameToAct := !d.Mismatch || req.RulesChecked || req.Semantics != Strict
 
 	switch cur.State {
 	case Success:
 		d.Verdict = replayOrConflict(sameRequest)
 		return d, nil
 	case Failed:
-		if !sameRequest {
+		if cur.Owner.Source == req.Owner.Source {
+			// The record whose own decision failed, delivered again (a
+			// crash before its offset was committed): it has had its one
+			// outcome, the dead letter. Running it again could give the
+			// same input a result too.
+			d.Verdict = VerdictReplay
+			return d, nil
+		}
+		if !sameToAct {
 			d.Verdict = VerdictConflict
 			return d, nil
 		}
@@ -329,7 +352,7 @@ func Apply(cur *Entry, req DecideRequest, now time.Time) (Decision, *Entry) {
 		}
 		d.Verdict = replayOrConflict(sameRequest)
 		return d, nil
-	case !sameRequest:
+	case !sameToAct:
 		d.Verdict = VerdictConflict
 		return d, nil
 	}
@@ -411,4 +434,13 @@ func ApplyCompletion(cur *Entry, c Completion, now time.Time) (*Entry, error) {
 		e.ExpiresAt = keep
 	}
 	return &e, nil
+}
+
+// DecisionID names the decision that made e: the source of its first copy
+// and the start of its window, which a takeover keeps and a new window (or
+// a FAILED key's rerun) changes. Every result carries it, so that a
+// recovery scan never takes the result of a key's previous window for the
+// result of this one.
+func (e *Entry) DecisionID() string {
+	return e.FirstSource + "@" + strconv.FormatInt(e.WindowStart.UnixMilli(), 10)
 }

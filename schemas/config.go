@@ -24,8 +24,11 @@ type Kafka struct {
 	Brokers  []string `json:"brokers"`
 	Group    string   `json:"group"`
 	ClientID string   `json:"client_id,omitempty"`
-	TLS      *TLS     `json:"tls,omitempty"`
-	SASL     *SASL    `json:"sasl,omitempty"`
+	// Compression of every record idemstream writes: zstd, lz4 (the
+	// default), snappy, gzip or none.
+	Compression string `json:"compression,omitempty"`
+	TLS         *TLS   `json:"tls,omitempty"`
+	SASL        *SASL  `json:"sasl,omitempty"`
 }
 
 // TLS configures encrypted connections to the brokers.
@@ -97,6 +100,43 @@ type Pipeline struct {
 	PendingTimeout         Duration  `json:"pending_timeout"`
 	FailedTTL              Duration  `json:"failed_ttl"`
 	ClientMaxRetryInterval Duration  `json:"client_max_retry_interval"`
+	// Start is where the pipeline's group begins a partition it has no
+	// committed offset for: earliest (the default), latest, or an RFC 3339
+	// time (see StartPosition).
+	Start string `json:"start,omitempty"`
+	// AcceptIdentity is the identity of the pipeline before an intended
+	// rename or key rule change (see Identity): its results in the output
+	// no longer stop the start.
+	AcceptIdentity string `json:"accept_identity,omitempty"`
+}
+
+// Identity names what makes a pipeline's decisions its own: input, output,
+// group, store namespace and key rule. Results carry it; a pipeline whose
+// output holds results of another identity refuses to start (see
+// consumer.Config.Identity).
+func (c *Config) Identity(p Pipeline) string {
+	ns := p.Name
+	if c.Store.Kind == "redis" {
+		ns = c.Store.Redis.Prefix + ":" + p.Name
+	}
+	return fmt.Sprintf("input=%s output=%s group=%s namespace=%s key=%s:%s:%s",
+		p.Input, p.Output, c.ConsumerGroup(p), ns, p.Key.From, p.Key.Name, p.Key.Format)
+}
+
+// StartPosition reads Start: latest, or the time to start at (zero for
+// earliest).
+func (p Pipeline) StartPosition() (latest bool, at time.Time, err error) {
+	switch p.Start {
+	case "", "earliest":
+		return false, time.Time{}, nil
+	case "latest":
+		return true, time.Time{}, nil
+	}
+	at, err = time.Parse(time.RFC3339, p.Start)
+	if err != nil {
+		return false, time.Time{}, fmt.Errorf("%q: want earliest, latest or an RFC 3339 time such as 2026-12-01T00:00:00Z", p.Start)
+	}
+	return false, at, nil
 }
 
 // KeyConfig says where the idempotency key is read and what it looks like.

@@ -13,6 +13,7 @@ import (
 // Defaults of the fields SPEC "Configuration" shows.
 const (
 	DefaultGroup           = "idemstream"
+	DefaultCompression     = "lz4"
 	DefaultRedisURL        = "redis://localhost:6379/0"
 	DefaultRedisPrefix     = "idem"
 	DefaultMetricsAddr     = ":9464"
@@ -35,6 +36,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Kafka.Group == "" {
 		c.Kafka.Group = DefaultGroup
+	}
+	if c.Kafka.Compression == "" {
+		c.Kafka.Compression = DefaultCompression
 	}
 	if c.Store.Kind == "" {
 		c.Store.Kind = "redis"
@@ -175,6 +179,9 @@ func (c *Config) validate() error {
 		if minWindow := p.ClientMaxRetryInterval.D() * 3 / 2; p.Window.D() < minWindow {
 			return fieldErr(at("window"), "%s is shorter than 1.5 × client_max_retry_interval (%s) = %s: a late client retry would count as a new request",
 				p.Window, p.ClientMaxRetryInterval, formatDuration(minWindow))
+		}
+		if _, _, err := p.StartPosition(); err != nil {
+			return fieldErr(at("start"), "%v", err)
 		}
 		if _, err := dedupe.NewCanonicalizer(p.rules()); err != nil {
 			return fieldErr(at(pointerField(err)), "%v", err)

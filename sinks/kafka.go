@@ -28,6 +28,11 @@ type Kafka struct {
 	// PartitionsTTL is how long a topic's partition count is reused before
 	// it is read again, so that added partitions are seen.
 	PartitionsTTL time.Duration
+	// Compression of every request (kafka.compression; DefaultCompression).
+	// A command that arrived in a compressed batch may be far larger than
+	// message.max.bytes once decompressed: written back uncompressed, its
+	// result or dead letter would be refused.
+	Compression kafka.Compression
 
 	mu         sync.Mutex
 	partitions map[string]partitionCount
@@ -40,7 +45,30 @@ type partitionCount struct {
 
 // NewKafka returns a writer on client. It starts nothing.
 func NewKafka(client *kafka.Client) *Kafka {
-	return &Kafka{client: client, MaxRequestBytes: 512 << 10, PartitionsTTL: 30 * time.Second, partitions: map[string]partitionCount{}}
+	return &Kafka{client: client, MaxRequestBytes: 512 << 10, PartitionsTTL: 30 * time.Second, Compression: DefaultCompression,
+		partitions: map[string]partitionCount{}}
+}
+
+// DefaultCompression is lz4: the codec producers pick most for throughput,
+// and the cheapest in CPU of those that shrink JSON several times.
+const DefaultCompression = kafka.Lz4
+
+// ParseCompression reads a kafka.compression value: zstd, lz4, snappy,
+// gzip or none.
+func ParseCompression(s string) (kafka.Compression, error) {
+	switch s {
+	case "none":
+		return 0, nil
+	case "zstd":
+		return kafka.Zstd, nil
+	case "lz4":
+		return kafka.Lz4, nil
+	case "snappy":
+		return kafka.Snappy, nil
+	case "gzip":
+		return kafka.Gzip, nil
+	}
+	return 0, fmt.Errorf("%q: want zstd, lz4, snappy, gzip or none", s)
 }
 
 // ErrAmbiguous wraps a produce failure after which the records may have
@@ -239,7 +267,7 @@ func (k *Kafka) produce(ctx context.Context, topic string, partition int, msgs [
 		records[j] = kafka.Record{Key: bytesOrNil(m.Key), Value: bytesOrNil(m.Value), Headers: toKafka(m.Headers)}
 	}
 	res, err := k.client.Produce(ctx, &kafka.ProduceRequest{
-		Topic: topic, Partition: partition, RequiredAcks: kafka.RequireAll,
+		Topic: topic, Partition: partition, RequiredAcks: kafka.RequireAll, Compression: k.Compression,
 		Records: kafka.NewRecordReader(records...),
 	})
 	if err == nil && res.Error != nil {
@@ -400,6 +428,40 @@ func (k *Kafka) EndOffsets(ctx context.Context, topic string, partitions []int) 
 // holds (the log start offset, after retention or DeleteRecords).
 func (k *Kafka) StartOffsets(ctx context.Context, topic string, partitions []int) (map[int]int64, error) {
 	return k.listOffsets(ctx, topic, partitions, kafka.FirstOffsetOf, func(po kafka.PartitionOffsets) int64 { return po.FirstOffset })
+}
+
+// OffsetsAt returns, for each partition of topic, the offset of its first
+// record with a timestamp at or after t, or the end offset when there is
+// none.
+func (k *Kafka) OffsetsAt(ctx context.Context, topic string, partitions []int, t time.Time) (map[int]int64, error) {
+	// One request for the times and one for the ends: a partition may
+	// appear once per request.
+	ends, err := k.EndOffsets(ctx, topic, partitions)
+	if err != nil {
+		return nil, err
+	}
+	found, err := k.listOffsets(ctx, topic, partitions, func(p int) kafka.OffsetRequest { return kafka.TimeOffsetOf(p, t) },
+		func(po kafka.PartitionOffsets) int64 {
+			at := int64(-1)
+			for off := range po.Offsets {
+				if off >= 0 && (at < 0 || off < at) {
+					at = off
+				}
+			}
+			return at
+		})
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]int64, len(partitions))
+	for _, p := range partitions {
+		at, ok := found[p]
+		if !ok || at < 0 {
+			at = ends[p]
+		}
+		out[p] = at
+	}
+	return out, nil
 }
 
 func (k *Kafka) listOffsets(ctx context.Context, topic string, partitions []int, of func(int) kafka.OffsetRequest, pick func(kafka.PartitionOffsets) int64) (map[int]int64, error) {

@@ -3,6 +3,7 @@ package sinks_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -65,7 +66,7 @@ func TestWriteRefusesOneRecordTooLarge(t *testing.T) {
 	_, k := newBroker(t, 1, "out")
 	msgs := []sinks.Message{
 		{Topic: "out", Partition: 0, Value: []byte("small-1")},
-		{Topic: "out", Partition: 0, Value: bytes.Repeat([]byte{'x'}, 1200<<10)},
+		{Topic: "out", Partition: 0, Value: incompressible(1200 << 10)},
 		{Topic: "out", Partition: 0, Value: []byte("small-2")},
 	}
 	written, err := k.Write(context.Background(), msgs)
@@ -288,5 +289,46 @@ func TestWriteSendsPartitionsSideBySide(t *testing.T) {
 	}
 	if alone.Load() || arrived.Load() != 4 {
 		t.Errorf("%d produce requests, and one waited 10s for the others: the partitions were written one after the other", arrived.Load())
+	}
+}
+
+// incompressible returns n random bytes: no codec brings them under a
+// limit they exceed.
+func incompressible(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return b
+}
+
+// A command of 3 MB that arrived compressed must go back compressed: with
+// the default compression its copy (a dead letter, a result) is written,
+// without it the broker refuses it for its size.
+func TestCompressionWritesWhatArrivedCompressed(t *testing.T) {
+	_, k := newBroker(t, 1, "out")
+	big := bytes.Repeat([]byte(`{"coupon":"c-1","note":"aaaaaaaaaaaaaaaa"}`), (3<<20)/42)
+	msgs := []sinks.Message{{Topic: "out", Partition: 0, Value: big}}
+	written, err := k.Write(context.Background(), msgs)
+	if err != nil || written[0].Offset != 0 {
+		t.Fatalf("compressed write of %d bytes: %+v %v", len(big), written, err)
+	}
+	got, err := k.Read(context.Background(), "out", 0, 0, 0)
+	if err != nil || len(got) != 1 || !bytes.Equal(got[0].Value, big) {
+		t.Fatalf("read back: %d records, %v", len(got), err)
+	}
+	k.Compression = 0
+	written, err = k.Write(context.Background(), msgs)
+	if err == nil || dedupe.ReasonOf(written[0].Err) != dedupe.ReasonPayloadTooLarge {
+		t.Errorf("uncompressed write of %d bytes: %+v %v, want refused for its size", len(big), written, err)
+	}
+}
+
+func TestParseCompression(t *testing.T) {
+	for in, want := range map[string]kafka.Compression{"none": 0, "zstd": kafka.Zstd, "lz4": kafka.Lz4, "snappy": kafka.Snappy, "gzip": kafka.Gzip} {
+		if got, err := sinks.ParseCompression(in); err != nil || got != want {
+			t.Errorf("ParseCompression(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	if _, err := sinks.ParseCompression("brotli"); err == nil {
+		t.Error("ParseCompression(brotli) succeeded")
 	}
 }

@@ -1,6 +1,8 @@
 package sinks
 
 import (
+	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/idemstream/idemstream/dedupe"
@@ -47,15 +49,17 @@ func ResultKey(rec *dedupe.Record, idemKey string) []byte {
 func Result(topic string, partition int, rec *dedupe.Record, o *dedupe.Outcome, value []byte, extra []dedupe.Header) Message {
 	// One result per first copy: its headers and their values are
 	// allocated once each, not once per header.
-	hs := make([]dedupe.Header, 0, len(rec.Headers)+len(extra)+4)
+	hs := make([]dedupe.Header, 0, len(rec.Headers)+len(extra)+6) // room for idemstream-pipeline
 	hs = append(append(hs, rec.Headers...), extra...)
 	source := rec.Source()
-	vals := make([]byte, 0, len(o.Key)+len(o.Fingerprint)+len(source)+len(dedupe.OutcomeFirst))
+	decision := o.Decision.Entry.DecisionID()
+	vals := make([]byte, 0, len(o.Key)+len(o.Fingerprint)+len(source)+len(dedupe.OutcomeFirst)+len(decision))
 	for _, h := range [...]struct{ k, v string }{
 		{HeaderKey, o.Key},
 		{HeaderFingerprint, o.Fingerprint},
 		{HeaderSource, source},
 		{HeaderOutcome, string(dedupe.OutcomeFirst)},
+		{HeaderDecision, decision},
 	} {
 		start := len(vals)
 		vals = append(vals, h.v...)
@@ -90,6 +94,53 @@ func DeadLetter(topic string, rec *dedupe.Record, o *dedupe.Outcome, reason dedu
 		}
 	}
 	return Message{Topic: topic, Partition: -1, Key: rec.Key, Value: rec.Value, Headers: hs}
+}
+
+// TrimDeadLetter returns a copy of the dead letter m that carries at most
+// keep bytes of its payload, for a broker that refused m for its size (a
+// command that arrived compressed can be far larger than a record the
+// broker takes uncompressed, and the idemstream headers add to it). The
+// reason, the source and the fingerprint stay; idemstream-error says what
+// was cut, and idemstream-payload-size how large the payload was. With
+// bare set, the input's key and headers go too: only the idemstream
+// headers are left, for a record whose headers alone are too large. The
+// input record itself stays where it is, at idemstream-source.
+func TrimDeadLetter(m Message, keep int, bare bool) Message {
+	// A dead letter trimmed before keeps the size of the payload it came
+	// with.
+	size := len(m.Value)
+	if v, ok := HeaderValue(m.Headers, HeaderPayloadSize); ok {
+		if n, err := strconv.Atoi(v); err == nil {
+			size = n
+		}
+	}
+	keep = max(min(keep, len(m.Value)), 0)
+	out := Message{Topic: m.Topic, Partition: m.Partition, Key: m.Key, Value: m.Value[:keep:keep]}
+	if m.Value == nil {
+		out.Value = nil
+	}
+	cut := fmt.Sprintf("the dead letter was too large for the topic and carries %d of the payload's %d bytes", keep, size)
+	if bare {
+		out.Key = nil
+		cut += ", without the input's key and headers"
+	}
+	cut += "; the whole record is at idemstream-source"
+	hs := make([]dedupe.Header, 0, len(m.Headers)+1)
+	for _, h := range m.Headers {
+		isOurs := strings.HasPrefix(h.Key, "idemstream-")
+		switch {
+		case h.Key == HeaderPayloadSize:
+			continue
+		case h.Key == HeaderError:
+			first, _, _ := strings.Cut(string(h.Value), " (the dead letter was too large")
+			h = header(HeaderError, first+" ("+cut+")")
+		case bare && !isOurs:
+			continue
+		}
+		hs = append(hs, h)
+	}
+	out.Headers = append(hs, header(HeaderPayloadSize, strconv.Itoa(size)))
+	return out
 }
 
 // Reply builds the replayed copy of a stored result for a replay.

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -81,7 +83,8 @@ func TestDeadLetterKeepsTheInputByteForByte(t *testing.T) {
 }
 
 func TestResultAndReplyHeaders(t *testing.T) {
-	o := dedupe.Outcome{Kind: dedupe.OutcomeFirst, Key: "9f8a", Fingerprint: "sha256:" + strings.Repeat("c", 64)}
+	o := dedupe.Outcome{Kind: dedupe.OutcomeFirst, Key: "9f8a", Fingerprint: "sha256:" + strings.Repeat("c", 64),
+		Decision: dedupe.Decision{Entry: dedupe.Entry{FirstSource: "coupon.claim.commands/1/2", WindowStart: time.UnixMilli(1764650000123)}}}
 	noKey := input
 	noKey.Key = nil
 	r := sinks.Result("out", 4, &noKey, &o, []byte("done"), []dedupe.Header{{Key: "x-handler", Value: []byte("1")}})
@@ -89,7 +92,8 @@ func TestResultAndReplyHeaders(t *testing.T) {
 		t.Errorf("result: key %q partition %d value %q; an input without a key gets the idempotency key", r.Key, r.Partition, r.Value)
 	}
 	for k, v := range map[string]string{"idemstream-key": "9f8a", "idemstream-outcome": "first", "idemstream-fingerprint": o.Fingerprint,
-		"idemstream-source": "coupon.claim.commands/3/17", "x-handler": "1", "Idempotency-Key": "9f8a"} {
+		"idemstream-source": "coupon.claim.commands/3/17", "x-handler": "1", "Idempotency-Key": "9f8a",
+		"idemstream-decision": "coupon.claim.commands/1/2@1764650000123"} {
 		if got, _ := sinks.HeaderValue(r.Headers, k); got != v {
 			t.Errorf("result %s = %q, want %q", k, got, v)
 		}
@@ -147,6 +151,46 @@ func TestJSONLinesIsJSON(t *testing.T) {
 		var l sinks.Line
 		if err := json.Unmarshal([]byte(line), &l); err != nil || l.Topic != "t" {
 			t.Errorf("line %q: %v", line, err)
+		}
+	}
+}
+
+// A trimmed dead letter keeps the evidence (reason, source, fingerprint),
+// says what it lost, and names the payload's size; trimmed again it keeps
+// the original size, and bare it drops the input's key and headers.
+func TestTrimDeadLetterKeepsTheEvidence(t *testing.T) {
+	o := dedupe.Outcome{Key: "9f8a", Fingerprint: "sha256:" + strings.Repeat("b", 64)}
+	m := sinks.DeadLetter("dlq", &input, &o, dedupe.ReasonPayloadTooLarge, errors.New("payload too large"), nil)
+	size := len(m.Value)
+	half := sinks.TrimDeadLetter(m, size/2, false)
+	if !bytes.Equal(half.Value, input.Value[:size/2]) || !bytes.Equal(half.Key, input.Key) {
+		t.Errorf("trimmed: key %q value %q", half.Key, half.Value)
+	}
+	for _, h := range input.Headers {
+		if got, ok := sinks.HeaderValue(half.Headers, h.Key); !ok || got != string(h.Value) {
+			t.Errorf("input header %s lost in a trimmed dead letter", h.Key)
+		}
+	}
+	none := sinks.TrimDeadLetter(half, 0, true)
+	for _, d := range []sinks.Message{half, none} {
+		for k, v := range map[string]string{"idemstream-reason": "payload_too_large", "idemstream-source": "coupon.claim.commands/3/17",
+			"idemstream-fingerprint": o.Fingerprint, "idemstream-payload-size": fmt.Sprint(size)} {
+			if got, _ := sinks.HeaderValue(d.Headers, k); got != v {
+				t.Errorf("%s = %q, want %q", k, got, v)
+			}
+		}
+		msg, _ := sinks.HeaderValue(d.Headers, "idemstream-error")
+		if !strings.HasPrefix(msg, "payload too large (the dead letter was too large for the topic") || strings.Count(msg, "too large for the topic") != 1 {
+			t.Errorf("idemstream-error = %q", msg)
+		}
+		validate(t, schemas.DLQSchema, d)
+	}
+	if none.Key != nil || len(none.Value) != 0 {
+		t.Errorf("bare dead letter keeps key %q value %q", none.Key, none.Value)
+	}
+	for _, h := range none.Headers {
+		if !strings.HasPrefix(h.Key, "idemstream-") {
+			t.Errorf("bare dead letter keeps input header %s", h.Key)
 		}
 	}
 }

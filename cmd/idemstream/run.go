@@ -136,7 +136,11 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 	}
 	store := consumer.InstrumentStore(rawStore, metrics)
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
-	var io consumer.Broker = sinks.NewKafka(client)
+	writer := sinks.NewKafka(client)
+	if writer.Compression, err = sinks.ParseCompression(cfg.Kafka.Compression); err != nil {
+		return nil, errors.Join(&schemas.FieldError{Field: "kafka.compression", Msg: err.Error()}, closeStore())
+	}
+	var io consumer.Broker = writer
 	if lines != nil {
 		inputs := map[string]bool{}
 		for _, p := range cfg.Pipelines {
@@ -164,7 +168,13 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 		if err != nil {
 			return nil, errors.Join(err, closeStore())
 		}
+		latest, startTime, err := pc.StartPosition()
+		if err != nil {
+			return nil, errors.Join(&schemas.FieldError{Field: fmt.Sprintf("pipelines[%d].start", i), Msg: err.Error()}, closeStore())
+		}
 		p, err := consumer.New(consumer.Config{
+			Start:    consumer.StartAt{Latest: latest, Time: startTime},
+			Identity: identityOf(cfg, pc), AcceptIdentity: pc.AcceptIdentity,
 			Name: pc.Name, Input: pc.Input, Output: pc.Output, DLQ: pc.DLQ, Replies: pc.Replies,
 			Group: cfg.ConsumerGroup(pc), Brokers: cfg.Kafka.Brokers, Dialer: dialer,
 			Decider: d, Store: store, Broker: io, Metrics: metrics, Logger: log,
@@ -336,6 +346,16 @@ func kafkaSecurity(cfg *schemas.Config, getenv func(string) string) (*kafka.Dial
 	return dialer, transport, nil
 }
 
+// identityOf is the pipeline's identity, checked against its output's
+// latest results at start. A memory store keeps nothing across a restart,
+// so there is nothing its identity could lose: it is not checked.
+func identityOf(cfg *schemas.Config, pc schemas.Pipeline) string {
+	if cfg.Store.Kind != "redis" {
+		return ""
+	}
+	return cfg.Identity(pc)
+}
+
 // printingBroker reads the inputs from Kafka and prints everything it
 // would write: output topics need not exist, and recovery scans find
 // nothing (there is nothing to find).
@@ -372,6 +392,16 @@ func (b *printingBroker) StartOffsets(ctx context.Context, topic string, partiti
 		return b.Broker.StartOffsets(ctx, topic, partitions)
 	}
 	return b.EndOffsets(ctx, topic, partitions)
+}
+
+func (b *printingBroker) OffsetsAt(ctx context.Context, topic string, partitions []int, t time.Time) (map[int]int64, error) {
+	at, ok := b.Broker.(interface {
+		OffsetsAt(context.Context, string, []int, time.Time) (map[int]int64, error)
+	})
+	if !ok {
+		return nil, fmt.Errorf("%T cannot list offsets by time", b.Broker)
+	}
+	return at.OffsetsAt(ctx, topic, partitions, t)
 }
 
 func (b *printingBroker) Fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration) ([]sinks.Fetched, int64, error) {

@@ -13,7 +13,7 @@ import (
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		clock := storetest.NewManualClock()
-		return storetest.Harness{Store: memstore.New(memstore.WithClock(clock.Now)), Advance: clock.Advance}
+		return storetest.Harness{Store: memstore.New(memstore.WithClock(clock.Now)), Advance: clock.Advance, Simulated: true}
 	})
 }
 

@@ -35,7 +35,10 @@ func (e *SettingsError) Error() string { return strings.Join(e.Problems, "; ") }
 //   - appendonly no when no replica must acknowledge (min_replicas 0): a
 //     restart forgets every decision since the last snapshot;
 //   - fewer replicas connected than min_replicas: every write would time
-//     out.
+//     out;
+//   - Sentinel or Cluster with min_replicas 0: a failover promotes a
+//     replica that may lack the latest decisions (the failover test shows
+//     it), as a restart without appendonly does.
 //
 // It returns a *SettingsError for those, warnings for what could not be
 // verified (managed services that refuse CONFIG) or is merely weaker than
@@ -68,10 +71,27 @@ func (s *Store) CheckServer(ctx context.Context) (warnings []string, err error) 
 		}
 		return err
 	}
+	// A deployment that promotes replicas (Sentinel, Cluster) forgets every
+	// decision the promoted replica had not received yet, whatever the
+	// old master had on disk: only replica acknowledgement keeps them.
+	failover := func(kind string) {
+		if s.acks.replicas == 0 {
+			problems = append(problems, fmt.Sprintf("redis %s with store.redis.min_replicas 0: a failover promotes a replica that may not have the latest decisions, and their keys are decided first again; set store.redis.min_replicas to 1 or more (or check_server: false to accept the risk)", kind))
+			if field == "" || field == "store.redis.min_replicas" {
+				field = "store.redis.min_replicas"
+			} else {
+				field = "store.redis"
+			}
+		}
+	}
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:
+		failover("Cluster")
 		err = c.ForEachMaster(ctx, check)
 	case *redis.Client:
+		if c.Options().Addr == "FailoverClient" {
+			failover("Sentinel")
+		}
 		err = check(ctx, c)
 	default:
 		return nil, fmt.Errorf("check server: unsupported client %T", s.client)

@@ -7,7 +7,9 @@
 -- ARGV     5 values shared by the batch: semantics, window ms, lease ms,
 --          holder, rules digest; then 7 per record: key, fingerprint,
 --          source, intent partition, intent floor, event time ms ("" for
---          the store clock), final ("1", "0", or "r" for a renewal)
+--          the store clock), final ("0" or "1", plus 2 when the caller
+--          checked the first copy under the current rules: "2", "3";
+--          or "r" for a renewal)
 -- returns  {now ms, then per record: verdict, flags, entry} where flags is
 --          a string of four digits: resumed, rerun, mismatch, rules changed,
 --          and entry is "" for a new entry (the caller rebuilds it)
@@ -59,6 +61,11 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
   local changed = e.rd ~= rd
   local mismatch = e.fp ~= fp
   local same = (not mismatch) or changed or sem ~= 'strict'
+  -- dedupe.DecideRequest.RulesChecked: a rerun or a takeover acts on the
+  -- key, and needs the same request under the current rules.
+  local checked = final == '2' or final == '3'
+  local same_to_act = (not mismatch) or checked or sem ~= 'strict'
+  local is_final = final == '1' or final == '3'
   local tail = (mismatch and '1' or '0') .. (changed and '1' or '0')
   local judge = 'conflict'
   if same then judge = 'replay' end
@@ -67,7 +74,9 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
     return judge, '00' .. tail, raw
   end
   if e.s == 'FAILED' then
-    if not same then return 'conflict', '00' .. tail, raw end
+    -- The record whose own decision failed, delivered again: a replay.
+    if e.os == source then return 'replay', '00' .. tail, raw end
+    if not same_to_act then return 'conflict', '00' .. tail, raw end
     e.s, e.fp, e.rd, e.oh, e.os = 'PENDING', fp, rd, holder, source
     e.ip, e.ifl, e.rp, e.ro = ip, ifl, '-1', '-1'
     e.lu, e.ws, e.ex = lu, tostring(clock), nex
@@ -86,10 +95,10 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
   elseif e.oh == holder then
     return judge, '00' .. tail, raw
   elseif now < tonumber(e.lu) then
-    if final ~= '1' then return 'pending', '00' .. tail, raw end
+    if not is_final then return 'pending', '00' .. tail, raw end
     return judge, '00' .. tail, raw
   end
-  if not same then
+  if e.os ~= source and not same_to_act then
     return 'conflict', '00' .. tail, raw
   end
   e.oh, e.os, e.lu = holder, source, lu

@@ -93,8 +93,14 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		}
 		names[i] = s.RedisKey(r.Namespace, r.Key)
 	}
-	// A renewal must not create an entry: no SET NX for it.
-	if len(reqs) < fastPathMin || reqs[0].RenewOnly {
+	// A renewal must not create an entry: no SET NX for it. Nor does a
+	// Cluster take the SET NX path: its entries carry absolute times (the
+	// lease, the window, the expiry) read from one clock, TIME of one
+	// node, while each entry lives on the master of its slot, whose
+	// scripts compare them with that master's own clock. decide.lua reads
+	// the clock of the node that holds the entry.
+	_, cluster := s.client.(*redis.ClusterClient)
+	if len(reqs) < fastPathMin || reqs[0].RenewOnly || cluster {
 		all := make([]int, len(reqs))
 		for i := range all {
 			all[i] = i
@@ -353,12 +359,17 @@ func (s *Store) decideScripted(ctx context.Context, reqs []dedupe.DecideRequest,
 		if !r.EventTime.IsZero() {
 			event = strconv.FormatInt(r.EventTime.UnixMilli(), 10)
 		}
-		final := "0"
-		switch {
-		case r.RenewOnly:
-			final = "r"
-		case r.Final:
-			final = "1"
+		// decide.lua's final argument: 0 or 1, plus 2 for RulesChecked.
+		final := "r"
+		if !r.RenewOnly {
+			n := 0
+			if r.Final {
+				n++
+			}
+			if r.RulesChecked {
+				n += 2
+			}
+			final = strconv.Itoa(n)
 		}
 		slowNames[j] = names[i]
 		args[j] = []any{r.Key, r.Fingerprint, r.Owner.Source,

@@ -52,6 +52,7 @@ func TestConformanceMiniredis(t *testing.T) {
 				m.SetTime(clock.Now())
 				m.FastForward(d)
 			},
+			Simulated: true,
 		}
 	})
 }

@@ -5,7 +5,7 @@
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T) storetest.Harness {
 //			clock := storetest.NewManualClock()
-//			return storetest.Harness{Store: memstore.New(memstore.WithClock(clock.Now)), Advance: clock.Advance}
+//			return storetest.Harness{Store: memstore.New(memstore.WithClock(clock.Now)), Advance: clock.Advance, Simulated: true}
 //		})
 //	}
 //
@@ -30,6 +30,9 @@ type Harness struct {
 	Store dedupe.Store
 	// Advance moves the store's clock forward by at least d.
 	Advance func(d time.Duration)
+	// Simulated says Advance costs no real time (a manual clock): the
+	// cases that move the clock by a day run only then.
+	Simulated bool
 }
 
 // ManualClock is a clock that moves only when told.
@@ -439,6 +442,70 @@ var cases = []testCase{
 		again := req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10")
 		d.one(again, dedupe.VerdictReplay)
 		d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/6"), dedupe.VerdictFirst)
+	}},
+	{"PendingIsForgottenADayAfterItsLease", func(t *testing.T, h Harness, d *driver) {
+		// dedupe.PendingRetention: a PENDING entry outlives its lease by
+		// a day, and no longer (consumer/doc.go, "Assumptions").
+		if !h.Simulated {
+			t.Skip("the store's clock is real: a day cannot pass here")
+		}
+		d.one(req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)
+		h.Advance(lease + dedupe.PendingRetention - slack)
+		if e, ok := d.lookup("k"); !ok || e.State != dedupe.Pending {
+			t.Fatalf("PENDING entry just under a day past its lease: %+v (found %v), want kept", e, ok)
+		}
+		h.Advance(2 * slack)
+		if e, ok := d.lookup("k"); ok {
+			t.Fatalf("PENDING entry a day past its lease: %+v, want forgotten", e)
+		}
+		dec := d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictFirst)
+		if dec.Resumed {
+			t.Errorf("a key forgotten a day after its lease = %+v, want new, not resumed", dec)
+		}
+	}},
+	{"FailedOwnRecordIsAReplay", func(t *testing.T, h Harness, d *driver) {
+		// The record whose decision failed, delivered again before its
+		// offset was committed, has had its outcome (the dead letter).
+		a := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(a, dedupe.VerdictFirst)
+		d.mustComplete(complete(a, dedupe.Failed, -1))
+		d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10"), dedupe.VerdictReplay)
+		if dec := d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictFirst); !dec.Rerun {
+			t.Errorf("another copy of a FAILED key = %+v, want a rerun", dec)
+		}
+	}},
+	{"RulesChangeActsOnlyOnceChecked", func(t *testing.T, h Harness, d *driver) {
+		// Under changed rules a mismatch may be a replay (the caller
+		// checks it), but it reruns a FAILED key or takes a PENDING one
+		// over only once the caller has checked the first copy.
+		newRules := func(r dedupe.DecideRequest, checked bool) dedupe.DecideRequest {
+			r.RulesDigest, r.RulesChecked = "sha256:rules-2", checked
+			return r
+		}
+		failed := req("f", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(failed, dedupe.VerdictFirst)
+		d.mustComplete(complete(failed, dedupe.Failed, -1))
+		if dec := d.one(newRules(req("f", "sha256:b", dedupe.Strict, holderB, "commands/1/5"), false), dedupe.VerdictConflict); !dec.RulesChanged || !dec.Mismatch {
+			t.Errorf("unchecked rerun under new rules = %+v, want a conflict flagged RulesChanged and Mismatch", dec)
+		}
+		if dec := d.one(newRules(req("f", "sha256:b", dedupe.Strict, holderB, "commands/1/5"), true), dedupe.VerdictFirst); !dec.Rerun {
+			t.Errorf("checked rerun under new rules = %+v, want a rerun", dec)
+		}
+
+		pending := req("p", "sha256:a", dedupe.Strict, holderA, "commands/0/11")
+		d.one(pending, dedupe.VerdictFirst)
+		h.Advance(lease + slack)
+		d.one(newRules(req("p", "sha256:b", dedupe.Strict, holderB, "commands/1/6"), false), dedupe.VerdictConflict)
+		if dec := d.one(newRules(req("p", "sha256:b", dedupe.Strict, holderB, "commands/1/6"), true), dedupe.VerdictFirst); !dec.Resumed {
+			t.Errorf("checked takeover under new rules = %+v, want resumed", dec)
+		}
+
+		done := req("s", "sha256:a", dedupe.Strict, holderA, "commands/0/12")
+		d.one(done, dedupe.VerdictFirst)
+		d.mustComplete(complete(done, dedupe.Success, 7))
+		if dec := d.one(newRules(req("s", "sha256:b", dedupe.Strict, holderB, "commands/1/7"), false), dedupe.VerdictReplay); !dec.RulesChanged {
+			t.Errorf("a mismatch under new rules on SUCCESS = %+v, want a replay flagged RulesChanged", dec)
+		}
 	}},
 	{"PendingPastItsWindowIsResumedNotNew", func(t *testing.T, h Harness, d *driver) {
 		d.one(req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)

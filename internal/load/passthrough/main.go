@@ -104,6 +104,8 @@ func run(ctx context.Context, o options) error {
 	w := &kafka.Writer{
 		Addr: kafka.TCP(o.brokers...), Topic: o.output, Balancer: &kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll, BatchSize: o.writerBatch, BatchTimeout: o.batchTimeout,
+		// Like with like: idemstream writes with its default compression.
+		Compression: kafka.Lz4,
 	}
 	// The fetch side stops at ctx; the writer finishes the batch in hand
 	// with a context of its own, so that a SIGTERM does not leave a written
