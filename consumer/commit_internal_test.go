@@ -1,7 +1,9 @@
 package consumer
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -91,5 +93,42 @@ func TestCommitsArrivingDuringARequestGoInTheNextOne(t *testing.T) {
 	h.results <- nil
 	if err := <-alone; err != nil || len(h.requests) != 3 || !maps.Equal(h.requests[2], map[int]int64{3: 200}) {
 		t.Errorf("a lone commit: %v, requests %v", err, h.requests)
+	}
+}
+
+// failingCommitter fails its first calls, then commits.
+type failingCommitter struct {
+	fail      int
+	calls     int
+	committed int64
+}
+
+func (f *failingCommitter) CommitOffsets(offsets map[string]map[int]int64) error {
+	f.calls++
+	if f.calls <= f.fail {
+		return errors.New("coordinator not available")
+	}
+	f.committed = offsets["in"][0]
+	return nil
+}
+
+// A failed commit is tried again until it passes: completed records left
+// uncommitted would be read again, and decided first once their window
+// ran out. Before, the error was only logged.
+func TestFailedCommitIsRetried(t *testing.T) {
+	p := &Pipeline{cfg: Config{Name: "p", Input: "in"}}
+	c := &failingCommitter{fail: 2}
+	log := slog.New(slog.DiscardHandler)
+	p.commit(context.Background(), log, c, 0, 42)
+	if c.calls != 3 || c.committed != 42 {
+		t.Errorf("%d calls, committed %d; want 3 calls and 42", c.calls, c.committed)
+	}
+	// A revoked partition (its context over) stops trying.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c = &failingCommitter{fail: 100}
+	p.commit(ctx, log, c, 0, 43)
+	if c.calls != 1 {
+		t.Errorf("%d calls after the partition's context ended, want 1", c.calls)
 	}
 }

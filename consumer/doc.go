@@ -42,27 +42,44 @@
 //     output partition of the result (murmur2 of the result key, as Java
 //     producers pick it; recorded once and never recomputed) and that
 //     partition's floor.
-//  3. Recover (results.recover): a resumed key (its own record delivered
-//     again, a released key, an expired lease taken over) may have its
-//     result written already. Each intended partition is read once per
-//     batch, from the lowest floor, for results whose idemstream-key is a
-//     wanted key and whose idemstream-source names this pipeline's input.
+//  3. Check, then recover. A strict mismatch against an entry made under
+//     other rules would rerun a FAILED key or take a PENDING one over:
+//     the store answers a conflict instead, the first copy is read back
+//     and fingerprinted under the current rules, and only the same
+//     request is decided again, the store told so (results.checkRules).
+//     A resumed key (its own record delivered again, a released key, an
+//     expired lease taken over) may have its result written already
+//     (results.recover). Each intended partition is read once per batch,
+//     from the lowest floor, for results whose idemstream-key is a wanted
+//     key, whose idemstream-source names this pipeline's input and whose
+//     idemstream-decision names the entry's decision (its first source
+//     and window start: a takeover keeps it, a new window changes it).
 //     Found: the key completes with that result and nothing is written.
 //  4. Handle: the handler runs for the other first copies, in order.
 //  5. Write (results.write): before every attempt the leases of the keys
 //     about to be written must outlast SettleWait plus WriteTimeout; when
 //     less may be left they are renewed (a renewal only extends a lease
 //     its owner still holds: a key lost meanwhile fences the batch), and
-//     the attempt must end by then. Requests are split by bytes. A result the broker refuses for
-//     its size becomes a dead letter (payload_too_large) and its key
-//     FAILED; a refusal of the topic itself (authorization, a missing
-//     topic) stops the pipeline. A write of unknown outcome is never
-//     repeated blindly: the partition waits SettleWait, scans, and writes
-//     only what is missing.
-//  6. Dead letters and replies are written (at least once).
+//     the attempt must end by then. Requests are split by bytes and
+//     compressed (kafka.compression). A result the broker refuses for its
+//     size becomes a dead letter (payload_too_large) and its key FAILED;
+//     a refusal of the topic itself (authorization, a missing topic)
+//     stops the pipeline. A write of unknown outcome is never repeated
+//     blindly: the partition waits SettleWait, scans, and writes only
+//     what is missing.
+//  6. Dead letters and replies are written (at least once). One the
+//     broker refuses for its size is written again trimmed: its payload
+//     halved down to none, then without the input's key and headers;
+//     the reason, source, fingerprint and size stay (TrimDeadLetter).
 //  7. Complete (results.complete): SUCCESS with the result's offset, or
 //     FAILED; only the owner token may.
-//  8. Commit the offset after the batch.
+//  8. Commit the offset after the batch; a failed commit is tried again
+//     with backoff while the partition is owned.
+//
+// A batch that ends in an error is read again only when it was fenced
+// (another owner took a key over), after a pause that doubles up to 10 s.
+// Any other error that ends a batch would end it again: the pipeline
+// stops with the reason, and nothing past the batch is committed.
 //
 // # Where it can stop, and what the next owner finds
 //
@@ -76,7 +93,8 @@
 //	write sent, outcome unknown     PENDING, lease running    same owner: settle, scan, write
 //	                                                          what is missing; others: as above
 //	after the write is acked        PENDING                   resumes, scans, finds it, completes
-//	after 7, before 8               SUCCESS                   a replay (or a conflict)
+//	after 7, before 8               SUCCESS (or FAILED)       its own record: a replay; another
+//	                                                          copy: a replay (or a conflict)
 //	a stale owner completes         another owner's token     refused (fenced): no commit
 //	outage longer than the window   PENDING (kept past its    owner completes; others resume and
 //	                                window)                   scan, never decide it new
@@ -85,7 +103,10 @@
 // DrainTimeout (half the session timeout, below the rebalance timeout) to
 // finish and commit; kafka-go does not rejoin before it returns. What does
 // not finish is abandoned by stage (results.abandon): keys whose result was
-// acknowledged or found are completed, keys for which nothing was sent are
+// acknowledged or found are completed and kept for at least
+// dedupe.PendingRetention (their records will be read again, maybe only
+// once a stopped pipeline starts again, and must then be replays), keys
+// for which nothing was sent are
 // released (their lease ends now, their intent stays), keys with a write of
 // unknown outcome are left to their lease. So a rolling restart stalls a
 // partition for at most the drain time, and a crash stalls the keys it held
@@ -96,7 +117,8 @@
 // records whose key another holder owns, which wait. So two batches that
 // each hold a key the other waits for (records of one key on two
 // partitions) finish their own keys first and never wait each other out;
-// the offset is committed after both phases. A waiting record polls with
+// the records before the first that waits are committed between the
+// phases, the rest after the second. A waiting record polls with
 // backoff up to pending_timeout, then is decided on the stored state (a
 // replay, or a conflict) and committed: the owner's own record, still
 // uncommitted, gives the key its result. A record that is its PENDING
@@ -116,7 +138,8 @@
 //     a lagging follower from the ISR. Every produce error that a broker
 //     may return after appending (NOT_LEADER_OR_FOLLOWER during a leader
 //     move among them) counts as of unknown outcome. Only the partition
-//     concerned waits, and only after such a write. TestAmbiguousWriteIsNotRepeated; the chaos
+//     concerned waits, and only after such a write. TestAmbiguousWriteIsNotRepeated and
+//     TestAmbiguousWriteSettlesEitherWay (appended late, or never); the chaos
 //     test kills the leader of an output partition of a three-broker
 //     cluster (internal/chaos).
 //   - The lease (twice pending_timeout) outlasts a write plus SettleWait:
@@ -134,7 +157,8 @@
 //     forgets that the key was seen. redisstore's durability tests.
 //   - A PENDING entry is kept dedupe.PendingRetention (a day) past its lease:
 //     a group stopped for longer and its records then read again may decide
-//     such a key first without a scan. storetest PendingOutlivesItsWindow.
+//     such a key first without a scan. storetest PendingOutlivesItsWindow
+//     and PendingIsForgottenADayAfterItsLease.
 //   - Each pipeline has its own output topic (config refuses a shared one):
 //     the scan tells this pipeline's results by their source topic.
 //     TestRecoveryScanStartsAtTheLogStartAndReadsOnce.
@@ -146,13 +170,39 @@
 //     between steps 4 and 7: it must be idempotent, or its effect must be
 //     the result record itself (the default handler forwards the command).
 //     TestRevokedBatchReleasesItsKeys.
-//   - A scan matches a result by key and source topic from the entry's
-//     floor, which is read before the batch is decided (shared by the
-//     batches of a fetch for at most two seconds). A key whose window ends
-//     while its record waits for another owner (up to pending_timeout)
-//     and is then decided new, with that older floor, could take the
-//     previous window's result for its own if its batch is then abandoned
-//     before it writes. The window edge, a wait and an abandon must meet.
+//   - A scan takes a result for a key's only when it names the entry's
+//     decision (idemstream-decision), so a result of the key's previous
+//     window in the scanned stretch never passes for this one's.
+//     TestRecoveryScanMatchesTheDecision. A result written by a release
+//     before this header is matched by key and source topic, as that
+//     release did (TestRecoveryScanFindsItsOwnAndLegacyResults): during a
+//     rolling deploy the window edge, a wait and an abandon must then
+//     meet for it to take the wrong one.
+//   - Completed records are committed within the window. A batch commits
+//     what it finished before it waits for keys held elsewhere
+//     (TestBatchCommitsWhatIsCompleteBeforeItWaits), a failed commit is
+//     tried again (TestFailedCommitIsRetried), and an abandoned batch's
+//     completed keys are kept a day
+//     (TestStoppedBatchKeepsItsCompletedKeysPastTheWindow). What remains:
+//     a crash between a completion and its commit, followed by an outage
+//     longer than the window (a day for an abandoned batch), decides those
+//     records first again once their entries expired.
+//   - No record is too large to end: one that cannot be passed on as it
+//     came gets one trimmed dead letter; only a topic that refuses even
+//     the idemstream headers alone stops the pipeline.
+//     TestRecordsTooLargeToPassOnGetOneOutcomeEach, and against the real
+//     broker TestPoisonRecordsOnTheRealBroker (cmd/idemstream).
+//   - The record whose own decision failed is a replay when it comes
+//     again: one input never gets both a dead letter and a result.
+//     TestFailedRecordDeliveredAgainIsAReplay.
+//   - A pipeline's identity (input, output, group, store namespace, key
+//     rule) is what its entries were made under: results carry it
+//     (idemstream-pipeline), and a pipeline whose output's latest results
+//     name another refuses to start unless accept_identity names it, since
+//     it would decide again every command whose entry it cannot see.
+//     TestChangedIdentityRefusesToStart. A new group starts where
+//     pipelines[].start says (earliest by default).
+//     TestNewGroupStartsWhereConfigured.
 //   - Counting: a crash between steps 7 and 8 counts a record as first in
 //     the process that died and as a replay in the next; the topics, not
 //     the counters, are the record of what happened.
@@ -162,6 +212,8 @@
 //     failed or gone get no reply, counted in
 //     idemstream_replies_skipped_total. TestSkippedRepliesAreCounted.
 //   - A topic that disappears while the pipeline runs pauses the partitions
-//     that write to it (not ready, the store alert); one missing at start
-//     stops the pipeline after 30 s. TestMissingTopicRefusesToStart.
+//     that write to it (not ready, the store alert) and nothing past them
+//     is committed; once it is back they resume. TestTopicDeletedWhileRunning.
+//     One missing at start stops the pipeline after 30 s.
+//     TestMissingTopicRefusesToStart.
 package consumer

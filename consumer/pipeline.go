@@ -309,12 +309,30 @@ func (p *Pipeline) startOffset() int64 {
 	return kafka.FirstOffset
 }
 
-// startAt resolves the start of a partition the group has no committed
-// offset for when the pipeline starts at a time (kafka-go's group knows
-// only the earliest and the latest).
+func (p *Pipeline) startName() string {
+	switch {
+	case p.cfg.Start.Latest:
+		return "latest"
+	case !p.cfg.Start.Time.IsZero():
+		return p.cfg.Start.Time.Format(time.RFC3339)
+	}
+	return "earliest"
+}
+
+// startAt resolves, once, the start of a partition the group has no
+// committed offset for, when the pipeline starts at the latest record or
+// at a time (kafka-go's group knows only the earliest and the latest, and
+// a fetch from "the latest" that returns nothing would be resolved again
+// by the next one, skipping what arrived between them).
 func (p *Pipeline) startAt(ctx context.Context, pz *pauser, partition int) (int64, error) {
 	for {
-		offs, err := p.cfg.Broker.(offsetsAt).OffsetsAt(ctx, p.cfg.Input, []int{partition}, p.cfg.Start.Time)
+		var offs map[int]int64
+		var err error
+		if p.cfg.Start.Time.IsZero() {
+			offs, err = p.cfg.Broker.EndOffsets(ctx, p.cfg.Input, []int{partition})
+		} else {
+			offs, err = p.cfg.Broker.(offsetsAt).OffsetsAt(ctx, p.cfg.Input, []int{partition}, p.cfg.Start.Time)
+		}
 		if err == nil {
 			if off, ok := offs[partition]; ok {
 				pz.resume()
@@ -561,15 +579,15 @@ func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int
 	ahead := &prefetcher{p: p, gen: gen, partition: partition}
 	defer ahead.wait()
 	refetch := backoff{min: 200 * time.Millisecond, max: 10 * time.Second}
-	if offset == kafka.FirstOffset && !p.cfg.Start.Time.IsZero() {
+	if (offset == kafka.FirstOffset && !p.cfg.Start.Time.IsZero()) || offset == kafka.LastOffset {
 		start, err := p.startAt(gen, pz, partition)
 		if err != nil {
 			if gen.Err() == nil {
-				p.stop(fmt.Errorf("start of %s/%d at %s: %w", p.cfg.Input, partition, p.cfg.Start.Time.Format(time.RFC3339), err))
+				p.stop(fmt.Errorf("start of %s/%d at %s: %w", p.cfg.Input, partition, p.startName(), err))
 			}
 			return
 		}
-		log.Info("no committed offset: starting at the configured time", "start", p.cfg.Start.Time.Format(time.RFC3339), "offset", start)
+		log.Info("no committed offset: starting where the pipeline's start says", "start", p.startName(), "offset", start)
 		offset = start
 	}
 	for gen.Err() == nil {

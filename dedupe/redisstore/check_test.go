@@ -118,16 +118,45 @@ func TestCheckServerChecksEveryClusterMaster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	if w, err := checkServer(t, c, 0); err != nil || len(w) > 0 {
-		t.Fatalf("durable cluster: %v %q", err, w)
+	// Every master has appendonly yes and appendfsync always, yet a
+	// failover promotes a replica that may lack the latest decisions:
+	// without replica acknowledgement a Cluster is refused.
+	w, err := checkServer(t, c, 0)
+	var se *redisstore.SettingsError
+	if !errors.As(err, &se) || len(se.Problems) != 1 || se.Field != "store.redis.min_replicas" ||
+		!strings.Contains(se.Problems[0], "Cluster with store.redis.min_replicas 0") || len(w) > 0 {
+		t.Fatalf("durable cluster, min_replicas 0: %v %q, want the one failover problem naming store.redis.min_replicas", err, w)
 	}
 	if _, err := testenv.RedisCommand(addrs[2], "CONFIG", "SET", "maxmemory-policy", "volatile-lru"); err != nil {
 		t.Fatal(err)
 	}
 	_, err = checkServer(t, c, 0)
-	var se *redisstore.SettingsError
-	if !errors.As(err, &se) || len(se.Problems) != 1 || !strings.Contains(se.Problems[0], "redis "+addrs[2]+": maxmemory-policy is volatile-lru") {
+	if !errors.As(err, &se) || len(se.Problems) != 2 || se.Field != "store.redis" ||
+		!strings.Contains(strings.Join(se.Problems, "\n"), "redis "+addrs[2]+": maxmemory-policy is volatile-lru") {
 		t.Errorf("one master with volatile-lru: %v", err)
+	}
+}
+
+// A Sentinel deployment without replica acknowledgement is refused like
+// appendonly no: TestSentinelFailoverLosesDecisionsWithoutReplicaAcks
+// shows a promotion forgetting decisions. With min_replicas 1 it passes.
+func TestCheckServerRefusesSentinelWithoutReplicaAcks(t *testing.T) {
+	f := startSentinelFailover(t)
+	for _, a := range []string{f.master.Addr, f.replica.Addr} {
+		for _, kv := range [][2]string{{"appendonly", "yes"}, {"appendfsync", "always"}} {
+			if _, err := testenv.RedisCommand(a, "CONFIG", "SET", kv[0], kv[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	c := sentinelClient(t, f.sentinels, 0)
+	_, err := checkServer(t, c, 0)
+	var se *redisstore.SettingsError
+	if !errors.As(err, &se) || se.Field != "store.redis.min_replicas" || !strings.Contains(err.Error(), "Sentinel with store.redis.min_replicas 0") {
+		t.Errorf("Sentinel, min_replicas 0: %v, want refused naming store.redis.min_replicas", err)
+	}
+	if _, err := checkServer(t, c, 1); err != nil {
+		t.Errorf("Sentinel, min_replicas 1: %v", err)
 	}
 }
 
