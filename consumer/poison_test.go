@@ -253,3 +253,36 @@ func TestAmbiguousWriteSettlesEitherWay(t *testing.T) {
 		})
 	}
 }
+
+// The dead-letter topic is deleted while the pipeline runs: the partition
+// pauses (not ready), commits nothing past the record it cannot finish,
+// and once the topic is back writes its dead letter once and goes on.
+func TestTopicDeletedWhileRunning(t *testing.T) {
+	r := newRig(t, 1)
+	p := r.pipeline(r.policy(dedupe.Strict), nil, "")
+	r.produce(cmd{"k1", `{"a":1}`, 0})
+	stop := r.run(p)
+	defer stop()
+	waitFor(t, "k1 committed", func() bool { return r.committed("g-p", 0) == 1 })
+	res, err := r.client.DeleteTopics(context.Background(), &kafka.DeleteTopicsRequest{Topics: []string{"dlq"}})
+	if err != nil || res.Errors["dlq"] != nil {
+		t.Fatalf("delete dlq: %v %v", err, res.Errors)
+	}
+	r.produce(cmd{"", `{"no":"key"}`, 0}, cmd{"k2", `{"a":2}`, 0})
+	waitFor(t, "the pipeline paused", func() bool { return !p.Ready() })
+	if got := r.committed("g-p", 0); got != 1 {
+		t.Errorf("committed %d while the dead letter cannot be written, want 1", got)
+	}
+	cres, err := r.client.CreateTopics(context.Background(), &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: "dlq", NumPartitions: 1, ReplicationFactor: 1}}})
+	if err != nil || cres.Errors["dlq"] != nil {
+		t.Fatalf("create dlq: %v %v", err, cres.Errors)
+	}
+	waitFor(t, "the offset at the end", func() bool { return r.committed("g-p", 0) == 3 })
+	waitFor(t, "ready again", p.Ready)
+	if dlq := r.readAll("dlq"); len(dlq) != 1 || header(dlq[0], "idemstream-reason") != "missing_key" {
+		t.Errorf("%d dead letters after the topic came back, want the missing key once", len(dlq))
+	}
+	if n := r.resultsPerKey()["k2"]; n != 1 {
+		t.Errorf("k2 has %d results, want 1", n)
+	}
+}
