@@ -404,15 +404,24 @@ func TestConformanceRedisCluster(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		return storetest.Harness{Store: redisstore.New(c, freshPrefix()), Advance: time.Sleep}
 	})
-	// A batch large enough for the SET NX path, over many slots.
+	// A batch large enough for the SET NX path of a single node, over
+	// many slots. On a Cluster it must not take it: every entry's times
+	// come from the clock of the master that holds it (decide.lua reads
+	// its own), never from a TIME read on one node and written as
+	// absolute expiries onto keys held by others.
 	s := redisstore.New(c, freshPrefix())
 	reqs := make([]dedupe.DecideRequest, 300)
 	for i := range reqs {
 		reqs[i] = decideReq("cluster-"+strconv.Itoa(i%150), "h-"+strconv.Itoa(i/150))
 	}
+	cmds := &commandNames{}
+	c.(*redis.ClusterClient).AddHook(cmds)
 	decs, err := s.Decide(context.Background(), reqs)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if n := cmds.count("time") + cmds.count("set"); n != 0 {
+		t.Errorf("Decide on a Cluster sent %d TIME and %d SET commands of its own, want none (one clock per entry)", cmds.count("time"), cmds.count("set"))
 	}
 	firsts := 0
 	for _, d := range decs {
@@ -422,6 +431,45 @@ func TestConformanceRedisCluster(t *testing.T) {
 	}
 	if firsts != 150 {
 		t.Errorf("%d first decisions for 150 keys sent twice, want 150", firsts)
+	}
+}
+
+// commandNames counts the commands a client sends, by name.
+type commandNames struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (h *commandNames) add(cmds ...redis.Cmder) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n == nil {
+		h.n = map[string]int{}
+	}
+	for _, c := range cmds {
+		h.n[strings.ToLower(c.Name())]++
+	}
+}
+
+func (h *commandNames) count(name string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n[name]
+}
+
+func (h *commandNames) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *commandNames) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.add(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *commandNames) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.add(cmds...)
+		return next(ctx, cmds)
 	}
 }
 
