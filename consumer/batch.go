@@ -189,8 +189,13 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 		}
 	}
 	if len(dlq) > 0 {
-		if err := p.writeAtLeastOnce(ctx, pz, "dead letters", p.cfg.DLQ, dlq); err != nil {
+		if _, err := p.writeAtLeastOnce(ctx, pz, "dead letters", p.cfg.DLQ, dlq, true); err != nil {
 			return nil, err
+		}
+		for _, fc := range r.firsts {
+			if fc.stage == stageFailed {
+				fc.deadLettered = true
+			}
 		}
 	}
 	skipped := map[string]int{}
@@ -304,10 +309,11 @@ func (p *Pipeline) handle(ctx context.Context, rec *dedupe.Record, o *dedupe.Out
 // acknowledged. They carry no idempotency of their own: after a write of
 // unknown outcome they are written again and may appear twice, with the
 // same idemstream-source. A record the broker refuses for its size is an
-// answer about that record, not the batch: it is trimmed (see trimmed) and
-// written again. A record the topic refuses for good stops the pipeline:
-// nothing can be committed past it.
-func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic string, msgs []sinks.Message) error {
+// answer about that record, not the batch: with trim it is trimmed (see
+// trimmed) and written again, without it is left out, and tooLarge lists
+// the indexes of those left out. A record the topic refuses for good stops
+// the pipeline: nothing can be committed past it.
+func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic string, msgs []sinks.Message, trim bool) (tooLarge []int, err error) {
 	msgs = slices.Clone(msgs)
 	tries := make([]int, len(msgs)) // size refusals of each message so far
 	idx := make([]int, len(msgs))   // pending messages, by index
@@ -322,10 +328,10 @@ func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic
 		written, err := p.cfg.Broker.Write(ctx, batch)
 		if err == nil {
 			pz.resume()
-			return nil
+			return tooLarge, nil
 		}
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		var again []int
 		unavailable := false
@@ -336,11 +342,13 @@ func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic
 			}
 			switch {
 			case w.Err == nil && w.Offset >= 0:
+			case errors.Is(w.Err, dedupe.ErrPayloadTooLarge) && !trim:
+				tooLarge = append(tooLarge, i)
 			case errors.Is(w.Err, dedupe.ErrPayloadTooLarge):
 				tries[i]++
 				next, ok := trimmed(msgs[i], tries[i])
 				if !ok {
-					return fmt.Errorf("write %s to %s: %w: even without its payload, key and input headers the record from %s is refused: %w",
+					return nil, fmt.Errorf("write %s to %s: %w: even without its payload, key and input headers the record from %s is refused: %w",
 						what, topic, dedupe.ErrBrokerRefused, sourceOf(msgs[i]), w.Err)
 				}
 				msgs[i] = next
@@ -354,7 +362,7 @@ func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic
 			case errors.Is(w.Err, sinks.ErrAmbiguous), dedupe.IsRetryable(w.Err):
 				again, unavailable = append(again, i), true
 			default:
-				return fmt.Errorf("write %s to %s: %w: %w", what, topic, dedupe.ErrBrokerRefused, w.Err)
+				return nil, fmt.Errorf("write %s to %s: %w: %w", what, topic, dedupe.ErrBrokerRefused, w.Err)
 			}
 		}
 		idx = again
@@ -363,7 +371,7 @@ func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic
 		}
 	}
 	pz.resume()
-	return nil
+	return tooLarge, nil
 }
 
 // trimmed is the try-th smaller form of a record the broker refused for
@@ -438,6 +446,13 @@ func (p *Pipeline) inputRecord(ctx context.Context, source string) (sinks.Messag
 	switch {
 	case errors.Is(err, kafka.OffsetOutOfRange):
 		return sinks.Message{}, false, nil
+	case errors.Is(err, sinks.ErrUnknownTopic):
+		// A partition the input no longer has (recreated with fewer) is
+		// gone; one it has is a broker that does not know it yet.
+		if n, perr := p.cfg.Broker.Partitions(ctx, p.cfg.Input); perr == nil && partition >= n {
+			return sinks.Message{}, false, nil
+		}
+		return sinks.Message{}, false, err
 	case err != nil:
 		return sinks.Message{}, false, err
 	case len(recs) == 0 && offset < hw:
@@ -503,7 +518,13 @@ func (p *Pipeline) writeReplies(ctx context.Context, pz *pauser, recs []dedupe.R
 		}
 		msgs = append(msgs, sinks.Reply(p.cfg.Replies, stored, &recs[r.rec]))
 	}
-	return p.writeAtLeastOnce(ctx, pz, "replies", p.cfg.Replies, msgs)
+	// A reply is the stored result or nothing: one the topic refuses for
+	// its size is left out and counted, never trimmed.
+	tooLarge, err := p.writeAtLeastOnce(ctx, pz, "replies", p.cfg.Replies, msgs, false)
+	if len(tooLarge) > 0 {
+		skipped["too_large"] += len(tooLarge)
+	}
+	return err
 }
 
 // complete records the outcome of every first copy; a refused completion

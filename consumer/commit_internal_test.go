@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 )
 
 // heldCommitter holds every request until the test hands it a result.
@@ -116,19 +118,31 @@ func (f *failingCommitter) CommitOffsets(offsets map[string]map[int]int64) error
 // uncommitted would be read again, and decided first once their window
 // ran out. Before, the error was only logged.
 func TestFailedCommitIsRetried(t *testing.T) {
-	p := &Pipeline{cfg: Config{Name: "p", Input: "in"}}
-	c := &failingCommitter{fail: 2}
-	log := slog.New(slog.DiscardHandler)
-	p.commit(context.Background(), log, c, 0, 42)
-	if c.calls != 3 || c.committed != 42 {
-		t.Errorf("%d calls, committed %d; want 3 calls and 42", c.calls, c.committed)
+	p := &Pipeline{cfg: Config{Name: "p", Input: "in"}, stop: func(error) {}}
+	pz := &pauser{p: p, log: slog.New(slog.DiscardHandler)}
+	c := &failingCommitter{fail: 3}
+	if !p.commit(context.Background(), pz, c, 0, 42) || c.calls != 4 || c.committed != 42 {
+		t.Errorf("%d calls, committed %d; want 4 calls and 42", c.calls, c.committed)
+	}
+	if !p.Ready() && p.pausedN.Load() != 0 {
+		t.Errorf("still paused after the commit passed")
 	}
 	// A revoked partition (its context over) stops trying.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	c = &failingCommitter{fail: 100}
-	p.commit(ctx, log, c, 0, 43)
-	if c.calls != 1 {
-		t.Errorf("%d calls after the partition's context ended, want 1", c.calls)
+	if p.commit(ctx, pz, c, 0, 43) || c.calls != 1 {
+		t.Errorf("%d calls after the partition's context ended, want 1 and false", c.calls)
+	}
+	// An authorization refusal stops the pipeline.
+	var stopped error
+	p.stop = func(err error) { stopped = err }
+	refusing := committerFunc(func(map[string]map[int]int64) error { return kafka.GroupAuthorizationFailed })
+	if p.commit(context.Background(), pz, refusing, 0, 44) || !errors.Is(stopped, kafka.GroupAuthorizationFailed) {
+		t.Errorf("an authorization refusal: stop(%v), want the pipeline stopped with it", stopped)
 	}
 }
+
+type committerFunc func(map[string]map[int]int64) error
+
+func (f committerFunc) CommitOffsets(o map[string]map[int]int64) error { return f(o) }

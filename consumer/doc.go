@@ -67,19 +67,22 @@
 //     stops the pipeline. A write of unknown outcome is never repeated
 //     blindly: the partition waits SettleWait, scans, and writes only
 //     what is missing.
-//  6. Dead letters and replies are written (at least once). One the
-//     broker refuses for its size is written again trimmed: its payload
-//     halved down to none, then without the input's key and headers;
-//     the reason, source, fingerprint and size stay (TrimDeadLetter).
+//  6. Dead letters and replies are written (at least once). A dead letter
+//     the broker refuses for its size is written again trimmed: its
+//     payload halved down to none, then without the input's key and
+//     headers; the reason, source, fingerprint and size stay
+//     (sinks.TrimDeadLetter). A reply is the stored result or nothing: one
+//     too large is skipped and counted.
 //  7. Complete (results.complete): SUCCESS with the result's offset, or
 //     FAILED; only the owner token may.
 //  8. Commit the offset after the batch; a failed commit is tried again
 //     with backoff while the partition is owned.
 //
 // A batch that ends in an error is read again only when it was fenced
-// (another owner took a key over), after a pause that doubles up to 10 s.
-// Any other error that ends a batch would end it again: the pipeline
-// stops with the reason, and nothing past the batch is committed.
+// (another owner took a key over) or met an error that may pass, after a
+// pause that doubles up to 10 s. Any other error that ends a batch would
+// end it again: the pipeline stops with the reason, and nothing past the
+// batch is committed.
 //
 // # Where it can stop, and what the next owner finds
 //
@@ -106,7 +109,8 @@
 // acknowledged or found are completed and kept for at least
 // dedupe.PendingRetention (their records will be read again, maybe only
 // once a stopped pipeline starts again, and must then be replays), keys
-// for which nothing was sent are
+// whose dead letter was written are completed FAILED, keys for which
+// nothing was sent are
 // released (their lease ends now, their intent stays), keys with a write of
 // unknown outcome are left to their lease. So a rolling restart stalls a
 // partition for at most the drain time, and a crash stalls the keys it held
@@ -118,7 +122,8 @@
 // each hold a key the other waits for (records of one key on two
 // partitions) finish their own keys first and never wait each other out;
 // the records before the first that waits are committed between the
-// phases, the rest after the second. A waiting record polls with
+// phases, the rest after the second; those of the first phase after the
+// first that waits are kept as long as an abandoned batch's keys. A waiting record polls with
 // backoff up to pending_timeout, then is decided on the stored state (a
 // replay, or a conflict) and committed: the owner's own record, still
 // uncommitted, gives the key its result. A record that is its PENDING
@@ -180,10 +185,13 @@
 //     meet for it to take the wrong one.
 //   - Completed records are committed within the window. A batch commits
 //     what it finished before it waits for keys held elsewhere
-//     (TestBatchCommitsWhatIsCompleteBeforeItWaits), a failed commit is
-//     tried again (TestFailedCommitIsRetried), and an abandoned batch's
-//     completed keys are kept a day
-//     (TestStoppedBatchKeepsItsCompletedKeysPastTheWindow). What remains:
+//     (TestBatchCommitsWhatIsCompleteBeforeItWaits) and keeps those it
+//     finished after the first that waits a day
+//     (TestRecordsAfterAWaitAreKeptLonger), a failed commit is tried again
+//     (TestFailedCommitIsRetried), and an abandoned batch's completed keys
+//     are kept a day (TestStoppedBatchKeepsItsCompletedKeysPastTheWindow).
+//     A start at "latest" or at a time is committed once resolved
+//     (TestStartAtLatestIsResolvedOnce). What remains:
 //     a crash between a completion and its commit, followed by an outage
 //     longer than the window (a day for an abandoned batch), decides those
 //     records first again once their entries expired.
@@ -193,8 +201,10 @@
 //     TestRecordsTooLargeToPassOnGetOneOutcomeEach, and against the real
 //     broker TestPoisonRecordsOnTheRealBroker (cmd/idemstream).
 //   - The record whose own decision failed is a replay when it comes
-//     again: one input never gets both a dead letter and a result.
-//     TestFailedRecordDeliveredAgainIsAReplay.
+//     again, and an abandoned batch completes a key whose dead letter it
+//     wrote FAILED: one input never gets both a dead letter and a result.
+//     TestFailedRecordDeliveredAgainIsAReplay,
+//     TestAbandonedBatchKeepsItsDeadLetteredKeysFailed.
 //   - A pipeline's identity (input, output, group, store namespace, key
 //     rule) is what its entries were made under: results carry it
 //     (idemstream-pipeline), and a pipeline whose output's latest results

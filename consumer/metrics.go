@@ -21,7 +21,8 @@ type Metrics struct {
 	BuildInfo       *prometheus.GaugeVec
 	// RepliesSkipped counts replays that got no reply record, by reason:
 	// pending (the key has no result yet), failed (its first copy failed),
-	// unreadable (the stored result is gone from the output topic).
+	// unreadable (the stored result is gone from the output topic),
+	// too_large (the replies topic refused the result for its size).
 	RepliesSkipped *prometheus.CounterVec
 	// ScanFloorTruncated counts recovery scans whose floor the output
 	// partition no longer held (retention or DeleteRecords).
@@ -70,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
 			Help: "Always 1; the labels say what runs."}, []string{"version", "go_version"}),
 		RepliesSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "replies_skipped_total",
-			Help: "Replays that got no reply record, by reason (pending, failed, unreadable)."}, []string{"pipeline", "reason"}),
+			Help: "Replays that got no reply record, by reason (pending, failed, unreadable, too_large)."}, []string{"pipeline", "reason"}),
 		ScanFloorTruncated: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "scan_floor_truncated_total",
 			Help: "Recovery scans whose floor the output partition no longer held."}, []string{"pipeline"}),
 		BatchesAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_abandoned_total",
@@ -103,7 +104,7 @@ func (m *Metrics) initPipeline(name string, reasons []string) {
 	m.LenientMismatch.WithLabelValues(name)
 	m.Rebalances.WithLabelValues(name)
 	m.Inflight.WithLabelValues(name)
-	for _, r := range []string{"pending", "failed", "unreadable"} {
+	for _, r := range []string{"pending", "failed", "unreadable", "too_large"} {
 		m.RepliesSkipped.WithLabelValues(name, r)
 	}
 	m.ScanFloorTruncated.WithLabelValues(name)

@@ -588,6 +588,11 @@ func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int
 			return
 		}
 		log.Info("no committed offset: starting where the pipeline's start says", "start", p.startName(), "offset", start)
+		// Committed at once: resolved again by the next owner, "latest"
+		// would skip what this one read and did not finish.
+		if !p.commit(ctx, pz, commit, partition, start) {
+			return
+		}
 		offset = start
 	}
 	for gen.Err() == nil {
@@ -628,7 +633,7 @@ func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int
 				if next <= offset {
 					return
 				}
-				p.commit(ctx, log, commit, partition, next)
+				p.commit(ctx, pz, commit, partition, next)
 				done := 0
 				for _, r := range batch {
 					if r.Offset < next && r.Offset >= offset {
@@ -654,20 +659,21 @@ func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int
 					"offset", offset, "drain", p.cfg.DrainTimeout)
 				return
 			}
-			if !errors.Is(err, errFenced) {
-				// Only a fenced batch is worth reading again: anything
-				// else that ends a batch would end it again (a record
-				// the topic refuses, a store that refuses a request), and
-				// reading it again and again would write its dead letters
-				// and results again each time.
+			if !errors.Is(err, errFenced) && !dedupe.IsRetryable(err) {
+				// Only a fenced batch, or one that met an error that may
+				// pass, is worth reading again: anything else that ends
+				// a batch would end it again (a record the topic refuses,
+				// a store that refuses a request), and reading it again
+				// and again would write its dead letters and results
+				// again each time.
 				log.Error("stopping: an error that retrying cannot cure; nothing past it is committed", "offset", offset, "err", err)
 				p.stop(err)
 				return
 			}
-			// Fenced: another worker took a key over. Drop the batch,
-			// commit nothing, and read again from the last committed
-			// offset after a pause that grows while it happens again; the
-			// store decides what comes back.
+			// Fenced (another worker took a key over), or an error that
+			// may pass: drop the batch, commit nothing, and read again
+			// from the last committed offset after a pause that grows
+			// while it happens again; the store decides what comes back.
 			wait := refetch.next()
 			log.Warn("batch dropped without commit; its records are read again", "offset", offset, "after", wait, "err", err)
 			p.inflight(-held)
@@ -681,30 +687,54 @@ func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int
 }
 
 // commit commits next as the partition's offset, and tries again with
-// backoff while it fails and the partition's work goes on: a lost commit
-// leaves completed records to be read again, and once their window ends
-// they would be decided new (doc.go, "Assumptions").
-func (p *Pipeline) commit(ctx context.Context, log *slog.Logger, commit Committer, partition int, next int64) {
+// backoff while it fails and the partition's work goes on, reporting not
+// ready meanwhile: a lost commit leaves completed records to be read
+// again, and once their window ends they would be decided new (doc.go,
+// "Assumptions"). A refusal that cannot pass (authorization) stops the
+// pipeline. false: the partition's work ends.
+func (p *Pipeline) commit(ctx context.Context, pz *pauser, commit Committer, partition int, next int64) bool {
 	wait := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
 	for attempt := 1; ; attempt++ {
 		err := commit.CommitOffsets(map[string]map[int]int64{p.cfg.Input: {partition: next}})
 		if err == nil {
-			return
+			pz.resume()
+			return true
 		}
 		if m := p.cfg.Metrics; m != nil {
 			m.CommitErrors.WithLabelValues(p.cfg.Name).Inc()
 		}
 		if ctx.Err() != nil {
-			log.Warn("offset commit failed as the partition was revoked; its records are read again", "offset", next, "err", err)
-			return
+			pz.log.Warn("offset commit failed as the partition was revoked; its records are read again", "offset", next, "err", err)
+			return false
+		}
+		if commitRefused(err) {
+			pz.log.Error("stopping: the group coordinator refuses the offset commit", "offset", next, "err", err)
+			p.stop(fmt.Errorf("commit %s/%d: %w: %w", p.cfg.Input, partition, dedupe.ErrBrokerRefused, err))
+			return false
 		}
 		if attempt == 1 || attempt%10 == 0 {
-			log.Warn("offset commit failed; retrying", "offset", next, "attempt", attempt, "err", err)
+			pz.log.Warn("offset commit failed; retrying", "offset", next, "attempt", attempt, "err", err)
+		}
+		if attempt == 3 {
+			pz.pause(ctx, "offset commit", err)
 		}
 		if sleep(ctx, wait.next()) != nil {
-			return
+			return false
 		}
 	}
+}
+
+// commitRefused: an offset commit no retry can get through.
+func commitRefused(err error) bool {
+	var kerr kafka.Error
+	if !errors.As(err, &kerr) {
+		return false
+	}
+	switch kerr {
+	case kafka.GroupAuthorizationFailed, kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed, kafka.SASLAuthenticationFailed:
+		return true
+	}
+	return false
 }
 
 // backoff doubles from min to max; reset starts it again.

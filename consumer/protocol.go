@@ -58,6 +58,11 @@ type firstCopy struct {
 	result   dedupe.ResultRef
 	reason   dedupe.Reason // stageFailed: the dead letter's reason
 	err      error         // stageFailed: why
+	// deadLettered: stageFailed, and the dead letter was acknowledged.
+	// An abandoned batch then completes the key FAILED: released, its
+	// record read again would run the handler again, and one input could
+	// get a dead letter and a result.
+	deadLettered bool
 }
 
 // results runs the protocol for the first copies of one batch.
@@ -429,10 +434,27 @@ func (r *results) completion(fc *firstCopy, st dedupe.State) dedupe.Completion {
 	switch st {
 	case dedupe.Success:
 		c.Result, c.KeepAtLeast = fc.result, r.p.policy.Window
+		if len(r.deferred) > 0 && r.recs[fc.rec].Offset > r.firstDeferred() {
+			// Committed only after the records that wait for a key held
+			// elsewhere, maybe for a whole lease, maybe (the batch
+			// abandoned, the pipeline stopped) much later: kept as long
+			// as an abandoned batch's keys.
+			c.KeepAtLeast = max(c.KeepAtLeast, dedupe.PendingRetention)
+		}
 	case dedupe.Failed:
 		c.FailedTTL = r.p.policy.FailedTTL
 	}
 	return c
+}
+
+// firstDeferred is the offset of the first record that waits for a key
+// held elsewhere; the batch commits up to it before it waits.
+func (r *results) firstDeferred() int64 {
+	first := r.recs[r.deferred[0]].Offset
+	for _, i := range r.deferred {
+		first = min(first, r.recs[i].Offset)
+	}
+	return first
 }
 
 // abandonTimeout bounds the store call of abandon, which runs after the
@@ -458,7 +480,15 @@ func (r *results) abandon() (released, completed, leased int) {
 			c.KeepAtLeast = max(c.KeepAtLeast, dedupe.PendingRetention)
 			comps = append(comps, c)
 			completed++
-		case stageDecided, stageHandled, stageFailed:
+		case stageFailed:
+			if fc.deadLettered {
+				comps = append(comps, r.completion(fc, dedupe.Failed))
+				completed++
+				continue
+			}
+			comps = append(comps, r.completion(fc, dedupe.Pending))
+			released++
+		case stageDecided, stageHandled:
 			comps = append(comps, r.completion(fc, dedupe.Pending))
 			released++
 		case stageSent:
@@ -566,9 +596,14 @@ func (p *Pipeline) scan(ctx context.Context, pz *pauser, q int, floor int64, wan
 			}
 			// Nothing returned below the high watermark: a record absent
 			// from an unread stretch must not pass for one never written.
+			// The partition pauses and reads the stretch again.
 			if empty++; empty > 20 {
-				return nil, fmt.Errorf("scan %s/%d: no records from %d below the high watermark %d: %w",
-					p.cfg.Output, q, offset, hw, dedupe.ErrBrokerUnavailable)
+				pz.pause(ctx, "scan", fmt.Errorf("scan %s/%d: no records from %d below the high watermark %d: %w",
+					p.cfg.Output, q, offset, hw, dedupe.ErrBrokerUnavailable))
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				empty = 0
 			}
 			continue
 		}

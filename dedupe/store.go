@@ -298,11 +298,12 @@ func Apply(cur *Entry, req DecideRequest, now time.Time) (Decision, *Entry) {
 		d.Verdict = replayOrConflict(sameRequest)
 		return d, nil
 	case Failed:
-		if cur.Owner.Source == req.Owner.Source {
+		if cur.Owner.Source == req.Owner.Source || cur.FirstSource == req.Owner.Source {
 			// The record whose own decision failed, delivered again (a
 			// crash before its offset was committed): it has had its one
 			// outcome, the dead letter. Running it again could give the
-			// same input a result too.
+			// same input a result too. (A rerun by another copy that
+			// failed too keeps the first copy as FirstSource.)
 			d.Verdict = VerdictReplay
 			return d, nil
 		}
@@ -412,7 +413,14 @@ func ApplyCompletion(cur *Entry, c Completion, now time.Time) (*Entry, error) {
 	}
 	if cur.State == c.State && cur.Owner == c.Owner && cur.Result == c.Result && c.State != Pending {
 		// The same completion again: a retry after a timeout whose first
-		// attempt did reach the store.
+		// attempt did reach the store, or an abandoned batch asking that
+		// an entry it completed be kept longer (its records will be read
+		// again): the longer keep is granted, nothing else changes.
+		if keep := now.Add(c.KeepAtLeast); c.State == Success && cur.ExpiresAt.Before(keep) {
+			e := *cur
+			e.ExpiresAt = keep
+			return &e, nil
+		}
 		return cur, nil
 	}
 	if cur.State != Pending || cur.Owner != c.Owner {

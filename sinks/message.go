@@ -103,9 +103,11 @@ func DeadLetter(topic string, rec *dedupe.Record, o *dedupe.Outcome, reason dedu
 // reason, the source and the fingerprint stay; idemstream-error says what
 // was cut, and idemstream-payload-size how large the payload was. With
 // bare set, the input's key and headers go too: only the idemstream
-// headers are left, for a record whose headers alone are too large. The
-// input record itself stays where it is, at idemstream-source.
+// headers are left, each cut to 4 KiB (a handler's error can be long), for
+// a record whose headers alone are too large. The input record itself
+// stays where it is, at idemstream-source.
 func TrimDeadLetter(m Message, keep int, bare bool) Message {
+	const maxBareHeader = 4 << 10
 	// A dead letter trimmed before keeps the size of the payload it came
 	// with.
 	size := len(m.Value)
@@ -133,9 +135,16 @@ func TrimDeadLetter(m Message, keep int, bare bool) Message {
 			continue
 		case h.Key == HeaderError:
 			first, _, _ := strings.Cut(string(h.Value), " (the dead letter was too large")
+			if bare && len(first) > maxBareHeader {
+				first = strings.ToValidUTF8(first[:maxBareHeader], "") + "…"
+			}
 			h = header(HeaderError, first+" ("+cut+")")
 		case bare && !isOurs:
 			continue
+		case bare && len(h.Value) > maxBareHeader:
+			// Evidence of our own that could be long (the conflict's
+			// paths): cut, so that a bare dead letter always fits.
+			h = dedupe.Header{Key: h.Key, Value: append(h.Value[:maxBareHeader:maxBareHeader], "…"...)}
 		}
 		hs = append(hs, h)
 	}

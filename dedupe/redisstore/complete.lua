@@ -57,7 +57,11 @@ for i = 1, #KEYS do
     -- attempt did reach the server. Saved again, unchanged, so that the
     -- WAIT behind this call (replica acknowledgement) covers it: a WAIT
     -- counts this connection's writes, and the first attempt's may have
-    -- gone out on another one.
+    -- gone out on another one. A longer keep-at-least (an abandoned
+    -- batch, whose records will be read again) is granted.
+    if st == 'SUCCESS' then
+      e.ex = tostring(math.max(tonumber(e.ex), now + tonumber(ARGV[b + 8])))
+    end
     save(name, e)
     out[i] = 'ok'
   elseif e.s ~= 'PENDING' or e.oh ~= ARGV[b + 2] or e.os ~= ARGV[b + 3] then

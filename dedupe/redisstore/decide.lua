@@ -75,7 +75,7 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
   end
   if e.s == 'FAILED' then
     -- The record whose own decision failed, delivered again: a replay.
-    if e.os == source then return 'replay', '00' .. tail, raw end
+    if e.os == source or e.fs == source then return 'replay', '00' .. tail, raw end
     if not same_to_act then return 'conflict', '00' .. tail, raw end
     e.s, e.fp, e.rd, e.oh, e.os = 'PENDING', fp, rd, holder, source
     e.ip, e.ifl, e.rp, e.ro = ip, ifl, '-1', '-1'

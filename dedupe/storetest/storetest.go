@@ -463,6 +463,21 @@ var cases = []testCase{
 			t.Errorf("a key forgotten a day after its lease = %+v, want new, not resumed", dec)
 		}
 	}},
+	{"CompletionAgainMayKeepLonger", func(t *testing.T, h Harness, d *driver) {
+		// An abandoned batch completes again, asking for a longer keep,
+		// a key it completed before: granted, nothing else changes.
+		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		c := complete(r, dedupe.Success, 5)
+		c.KeepAtLeast = window
+		d.mustComplete(c)
+		c.KeepAtLeast = dedupe.PendingRetention
+		d.mustComplete(c)
+		e, ok := d.lookup("k")
+		if !ok || e.State != dedupe.Success || e.Result.Offset != 5 || e.ExpiresAt.Sub(e.Now) < dedupe.PendingRetention-time.Minute {
+			t.Errorf("after the longer completion: %+v (found %v), want SUCCESS at 5 kept a day", e, ok)
+		}
+	}},
 	{"FailedOwnRecordIsAReplay", func(t *testing.T, h Harness, d *driver) {
 		// The record whose decision failed, delivered again before its
 		// offset was committed, has had its outcome (the dead letter).
@@ -470,9 +485,14 @@ var cases = []testCase{
 		d.one(a, dedupe.VerdictFirst)
 		d.mustComplete(complete(a, dedupe.Failed, -1))
 		d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10"), dedupe.VerdictReplay)
-		if dec := d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictFirst); !dec.Rerun {
+		b := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		if dec := d.one(b, dedupe.VerdictFirst); !dec.Rerun {
 			t.Errorf("another copy of a FAILED key = %+v, want a rerun", dec)
 		}
+		// The rerun fails too: the first copy, delivered again, is still
+		// a replay.
+		d.mustComplete(complete(b, dedupe.Failed, -1))
+		d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10"), dedupe.VerdictReplay)
 	}},
 	{"RulesChangeActsOnlyOnceChecked", func(t *testing.T, h Harness, d *driver) {
 		// Under changed rules a mismatch may be a replay (the caller
