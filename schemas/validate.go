@@ -49,6 +49,10 @@ func (c *Config) applyDefaults() {
 	if c.Store.Redis.Prefix == "" {
 		c.Store.Redis.Prefix = DefaultRedisPrefix
 	}
+	if c.Store.Redis.CheckServer == nil {
+		on := true
+		c.Store.Redis.CheckServer = &on
+	}
 	if c.Store.Redis.ReplicaTimeout == 0 {
 		c.Store.Redis.ReplicaTimeout = Duration(DefaultReplicaTimeout)
 	}
@@ -94,6 +98,9 @@ func (c *Config) applyDefaults() {
 		}
 		if p.ClientMaxRetryInterval == 0 {
 			p.ClientMaxRetryInterval = Duration(DefaultClientMaxRetryInterval)
+		}
+		if p.Start == "" {
+			p.Start = "earliest"
 		}
 	}
 }

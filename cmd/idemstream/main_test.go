@@ -195,9 +195,11 @@ func TestDemoRefusesImpossibleWorkload(t *testing.T) {
 }
 
 func TestVersion(t *testing.T) {
-	r := runCLI(t, "", "version")
-	if r.code != 0 || !strings.HasPrefix(r.stdout, "idemstream ") || !strings.Contains(r.stdout, "go1.") {
-		t.Errorf("version: %d %q", r.code, r.stdout)
+	for _, arg := range []string{"version", "--version"} {
+		r := runCLI(t, "", arg)
+		if r.code != 0 || !strings.HasPrefix(r.stdout, "idemstream ") || !strings.Contains(r.stdout, "go1.") {
+			t.Errorf("%s: %d %q", arg, r.code, r.stdout)
+		}
 	}
 }
 

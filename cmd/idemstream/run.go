@@ -123,7 +123,7 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics, err := consumer.NewMetrics(reg, version)
+	metrics, err := consumer.NewMetrics(reg, buildVersion())
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +201,7 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 
 // run serves metrics and runs every pipeline until ctx ends.
 func (s *service) run(ctx context.Context) error {
-	s.log.Info("starting", "version", version, "pipelines", len(s.pipelines), "metrics", s.listener.Addr().String())
+	s.log.Info("starting", "version", buildVersion(), "pipelines", len(s.pipelines), "metrics", s.listener.Addr().String())
 	httpDone := make(chan error, 1)
 	go func() {
 		if err := s.server.Serve(s.listener); !errors.Is(err, http.ErrServerClosed) {
