@@ -228,7 +228,7 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 // other rules: the first copy, read back from its source, is fingerprinted
 // under the current rules. A rules change must not flood the DLQ with false
 // conflicts, nor let a real one pass. Only a first copy that is gone
-// (retention) makes the record a replay, as SPEC says for rules changes; a
+// (retention) makes the record a replay, as the documentation says for rules changes; a
 // fetch that fails pauses the partition and is tried again, never read as
 // "gone".
 func (p *Pipeline) conflictUnderCurrentRules(ctx context.Context, pz *pauser, o *dedupe.Outcome) (bool, error) {

@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the Prometheus series of SPEC "Metrics". They live on an
+// Metrics are the Prometheus series of deploy/README.md ("Metrics"). They live on an
 // injected Registerer so that tests and embedding programs keep their own.
 type Metrics struct {
 	Records         *prometheus.CounterVec

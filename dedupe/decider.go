@@ -9,7 +9,7 @@ import (
 	"unicode/utf8"
 )
 
-// OutcomeKind is one of the five outcomes of SPEC: every input record ends
+// OutcomeKind is one of the five outcomes of the product: every input record ends
 // in exactly one.
 type OutcomeKind string
 

@@ -103,7 +103,7 @@ const (
 )
 
 // TestSemanticsTable drives every semantics through every outcome the
-// store can give, as SPEC's outcome table lists them.
+// store can give, as the documented outcome table lists them.
 func TestSemanticsTable(t *testing.T) {
 	type step struct {
 		advance time.Duration

@@ -11,7 +11,7 @@ import (
 // of the product contract (the idemstream-reason header) and never change.
 type Reason string
 
-// The reasons of SPEC "Records it writes".
+// The reasons of docs/design.md ("The records it writes").
 const (
 	ReasonConflict         Reason = "conflict"
 	ReasonMissingKey       Reason = "missing_key"

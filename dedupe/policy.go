@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Semantics is what "the same request" means for a pipeline: the article's
+// Semantics is what "the same request" means for a pipeline: the incident's
 // table A, B and C.
 type Semantics string
 
@@ -32,7 +32,7 @@ func ParseSemantics(s string) (Semantics, error) {
 	return "", fmt.Errorf("unknown semantics %q: want strict, lenient or window", s)
 }
 
-// DefaultWindow is the article's window for each semantics.
+// DefaultWindow is the incident's window for each semantics.
 func (s Semantics) DefaultWindow() time.Duration {
 	if s == Window {
 		return 5 * time.Minute

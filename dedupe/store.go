@@ -10,7 +10,7 @@ import (
 // State is the life-cycle stage of one idempotency key.
 type State string
 
-// The three states of the article's state machine. Two states are not
+// The three states of the incident's state machine. Two states are not
 // enough: "still being handled" and "handled and failed" need different
 // answers.
 const (

@@ -13,7 +13,7 @@ import (
 
 // The contract is generated from the same Config that drives the consumer,
 // so that the promise a client reads and the behaviour it gets cannot
-// drift apart. The article's five things every API must state: key format,
+// drift apart. The five things docs/incident.md says every API must state: key format,
 // semantics, window, volatile fields, and what a client sees while a key is
 // pending.
 

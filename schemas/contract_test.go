@@ -69,7 +69,7 @@ func TestContractMarkdownGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "three-pipelines.md", md)
-	// The article's five things, stated per pipeline.
+	// The five things docs/incident.md says, stated per pipeline.
 	for _, section := range strings.Split(string(md), "\n## ")[1:] {
 		for _, must := range []string{"**Key**", "**Semantics**", "**Window**", "**Volatile fields**", "**While pending**"} {
 			if !strings.Contains(section, must) {

@@ -22,7 +22,7 @@ pipelines:
 func TestSpecExampleLoads(t *testing.T) {
 	cfg, err := schemas.Load("../deploy/examples/idemstream.yaml")
 	if err != nil {
-		t.Fatalf("the example config of SPEC is refused: %v", err)
+		t.Fatalf("the example config is refused: %v", err)
 	}
 	p, err := cfg.Pipeline("coupon-claim")
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 	"github.com/idemstream/idemstream/dedupe"
 )
 
-// Defaults of the fields SPEC "Configuration" shows.
+// Defaults of the fields docs/configuration.md shows.
 const (
 	DefaultGroup           = "idemstream"
 	DefaultCompression     = "lz4"
@@ -22,7 +22,7 @@ const (
 	DefaultMaxPayloadBytes = 1 << 20
 	DefaultPendingTimeout  = 30 * time.Second
 	DefaultReplicaTimeout  = time.Second
-	// DefaultClientMaxRetryInterval is the article's longest client retry
+	// DefaultClientMaxRetryInterval is the incident's longest client retry
 	// interval: three tries with exponential backoff, at most 30 s.
 	DefaultClientMaxRetryInterval = 30 * time.Second
 )
@@ -181,7 +181,7 @@ func (c *Config) validate() error {
 				return fieldErr(at(field), "must be longer than zero")
 			}
 		}
-		// The article's second pitfall: a window shorter than the client's
+		// The second pitfall of docs/incident.md: a window shorter than the client's
 		// retry interval turns a late retry into a second charge.
 		if minWindow := p.ClientMaxRetryInterval.D() * 3 / 2; p.Window.D() < minWindow {
 			return fieldErr(at("window"), "%s is shorter than 1.5 × client_max_retry_interval (%s) = %s: a late client retry would count as a new request",

@@ -1,6 +1,6 @@
 package sinks
 
-// Header names of SPEC "Records it writes". Outside tools read them: they
+// Header names of docs/design.md ("The records it writes"). Outside tools read them: they
 // never change.
 const (
 	HeaderKey              = "idemstream-key"

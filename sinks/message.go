@@ -45,7 +45,7 @@ func ResultKey(rec *dedupe.Record, idemKey string) []byte {
 }
 
 // Result builds the result record of a first copy: the handler's value,
-// the input headers, and the idemstream headers of SPEC.
+// the input headers, and the idemstream headers of docs/design.md.
 func Result(topic string, partition int, rec *dedupe.Record, o *dedupe.Outcome, value []byte, extra []dedupe.Header) Message {
 	// One result per first copy: its headers and their values are
 	// allocated once each, not once per header.

@@ -222,7 +222,7 @@ func pipelineName(topic string) string {
 	return topic
 }
 
-// Suggested configuration file: the field order of SPEC "Configuration".
+// Suggested configuration file: the field order of docs/configuration.md.
 type yamlConfig struct {
 	Kafka     yamlKafka      `yaml:"kafka"`
 	Pipelines []yamlPipeline `yaml:"pipelines"`

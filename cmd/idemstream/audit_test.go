@@ -55,7 +55,7 @@ func TestAuditSuggestIsAcceptedByContract(t *testing.T) {
 	}
 	audittest.Check(t, p, decodeReport(t, r.stdout))
 
-	// SPEC's members, by name, in the JSON itself.
+	// the documented members, by name, in the JSON itself.
 	var raw map[string]any
 	if err := json.Unmarshal([]byte(r.stdout), &raw); err != nil {
 		t.Fatal(err)

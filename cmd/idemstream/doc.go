@@ -3,7 +3,7 @@
 // Usage:
 //
 //	idemstream run      --config FILE          the consumer; many instances = one group
-//	idemstream demo                            embedded broker and store, the article's incident
+//	idemstream demo                            embedded broker and store, the incident's incident
 //	idemstream hash     --config FILE --pipeline NAME [FILE|-]
 //	idemstream diff     --config FILE --pipeline NAME A B
 //	idemstream contract --config FILE [--format markdown|asyncapi]

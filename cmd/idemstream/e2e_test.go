@@ -200,7 +200,7 @@ func uuidN(n int) string { return fmt.Sprintf("9f8a2c1d-3e4f-4a5b-8c6d-%012d", n
 
 func key(k string) map[string]string { return map[string]string{"Idempotency-Key": k} }
 
-// TestRunEveryOutcomeFourPipelines is SPEC's outcome table on a real broker
+// TestRunEveryOutcomeFourPipelines is the documented outcome table on a real broker
 // and a real Redis: one instance, four pipelines (strict with a payload
 // schema, lenient with replies, window of 2 s, key from a JSON field).
 func TestRunEveryOutcomeFourPipelines(t *testing.T) {
@@ -301,7 +301,7 @@ pipelines:
 		}
 	}
 
-	// Results: one per key per window, with SPEC's headers.
+	// Results: one per key per window, with the documented headers.
 	results := readTopic(t, io, topic("strict", "out"))
 	if len(results) != 1 || hv(results[0], "idemstream-key") != a || hv(results[0], "idemstream-outcome") != "first" ||
 		hv(results[0], "idemstream-source") != in("strict")+"/0/0" || hv(results[0], "Idempotency-Key") != a ||

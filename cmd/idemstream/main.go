@@ -16,7 +16,7 @@ import (
 	"github.com/idemstream/idemstream/schemas"
 )
 
-// Exit codes of SPEC "Command line".
+// Exit codes of docs/operations.md.
 const (
 	exitOK      = 0
 	exitFailure = 1
@@ -57,7 +57,7 @@ var commands []command
 func init() {
 	commands = []command{
 		{"run", "run the consumer (many instances form one group)", cmdRun},
-		{"demo", "replay the article's coupon incident on an embedded broker", cmdDemo},
+		{"demo", "replay the coupon incident of docs/incident.md on an embedded broker", cmdDemo},
 		{"hash", "print the canonical form and fingerprint of a payload", cmdHash},
 		{"diff", "print the JSON Pointers where two payloads differ", cmdDiff},
 		{"contract", "render the client-facing idempotency contract", cmdContract},

@@ -95,7 +95,7 @@ type Rules struct {
 	VolatileShare float64  `json:"volatile_share"`
 }
 
-// Report is the outcome of an audit: SPEC "Audit" names its members.
+// Report is the outcome of an audit: docs/audit.md names its members.
 type Report struct {
 	Topic      string `json:"topic"`
 	Partitions int    `json:"partitions"`

@@ -128,7 +128,7 @@ var allowedExternal = map[string][]string{
 // targetLabels are added by Prometheus to every scraped series.
 var targetLabels = []string{"job", "instance", "namespace", "pod", "service", "container", "endpoint"}
 
-// knownLabelValues are the values SPEC defines for enumerated labels.
+// knownLabelValues are the values the documentation defines for enumerated labels.
 var knownLabelValues = map[string][]string{
 	"outcome": {"first", "replay", "conflict", "invalid", "failed"},
 	"reason":  {"conflict", "missing_key", "invalid_key", "malformed_payload", "payload_too_large", "invalid_schema", "handler_failed"},
@@ -139,7 +139,7 @@ var knownLabelValues = map[string][]string{
 // registered by idemstream (a histogram's _bucket, _count and _sum map to
 // the histogram), produced by a recording rule in recorded, or allowed as
 // external; every label matcher must name a label the metric has, and an
-// equality matcher on an enumerated label a value SPEC defines. It returns
+// equality matcher on an enumerated label a value the documentation defines. It returns
 // the names it found.
 func checkExpr(t *testing.T, where, expr string, metrics map[string]metric, recorded map[string]bool) []string {
 	t.Helper()

@@ -7,10 +7,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// TestMetricsOfSPEC: the series SPEC "Metrics" promises exist, with its
+// TestMetricsAsDocumented: the series deploy/README.md ("Metrics") promises exist, with its
 // types and labels. The rules, the dashboard and deploy/README.md rely on
 // exactly these.
-func TestMetricsOfSPEC(t *testing.T) {
+func TestMetricsAsDocumented(t *testing.T) {
 	want := map[string]struct {
 		typ    dto.MetricType
 		labels []string
@@ -30,19 +30,19 @@ func TestMetricsOfSPEC(t *testing.T) {
 	for name, w := range want {
 		m, ok := got[name]
 		if !ok {
-			t.Errorf("SPEC metric %s is not registered by consumer.NewMetrics", name)
+			t.Errorf("documented metric %s is not registered by consumer.NewMetrics", name)
 			continue
 		}
 		if m.Type != w.typ {
-			t.Errorf("%s: type %v, SPEC wants %v", name, m.Type, w.typ)
+			t.Errorf("%s: type %v, the documentation wants %v", name, m.Type, w.typ)
 		}
 		if !reflect.DeepEqual(m.Labels, w.labels) {
-			t.Errorf("%s: labels %v, SPEC wants %v", name, m.Labels, w.labels)
+			t.Errorf("%s: labels %v, the documentation wants %v", name, m.Labels, w.labels)
 		}
 	}
 	for name := range got {
 		if _, ok := want[name]; !ok {
-			t.Logf("note: %s is registered but not in SPEC \"Metrics\"", name)
+			t.Logf("note: %s is registered but not in the documented metrics", name)
 		}
 	}
 }

@@ -33,7 +33,7 @@ func TestRecordingRulesEvaluate(t *testing.T) {
 	}
 
 	// Per second: 1 first, 1/3 replay, 1/3 conflict, 10 invalid. Invalid
-	// records are not in the duplicate rate's denominator (SPEC). Samples
+	// records are not in the duplicate rate's denominator (docs). Samples
 	// every minute for 20 minutes, as promtool's `load 1m ... 0+60x20`.
 	var db memStorage
 	records := func(pipeline, outcome string, perMinute float64) {

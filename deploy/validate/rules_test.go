@@ -82,7 +82,7 @@ func TestRules(t *testing.T) {
 			}
 		}
 	}
-	// The recording rule SPEC names, defined exactly as SPEC defines it.
+	// The recording rule the documentation names, defined exactly as documented.
 	dup := findRule(groups, "idemstream:duplicate_rate:ratio_rate5m")
 	if dup == nil {
 		t.Fatal("no recording rule idemstream:duplicate_rate:ratio_rate5m")

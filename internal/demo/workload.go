@@ -9,10 +9,10 @@ import (
 	"time"
 )
 
-// Workload shapes the campaign. Zero fields take the article's figures.
+// Workload shapes the campaign. Zero fields take the incident's figures.
 type Workload struct {
 	Seed      uint64
-	Users     int     // distinct users, one claim each (397 in the article)
+	Users     int     // distinct users, one claim each (397 in the incident)
 	Commands  int     // records sent in all, retries included (2417)
 	Stock     int     // coupons in stock (500)
 	Conflicts float64 // share of records that reuse a key with another amount
