@@ -262,7 +262,8 @@ func (p *Pipeline) Run(parent context.Context) error {
 		return fmt.Errorf("pipeline %s: consumer group: %w", p.cfg.Name, err)
 	}
 	defer cg.Close()
-	for {
+	rejoin := backoff{min: time.Second, max: 30 * time.Second}
+	for attempt := 1; ; attempt++ {
 		gen, err := cg.Next(ctx)
 		if ctx.Err() != nil {
 			p.joined.Store(false)
@@ -275,12 +276,17 @@ func (p *Pipeline) Run(parent context.Context) error {
 		}
 		if err != nil {
 			p.joined.Store(false)
-			p.log.Warn("joining the group failed; retrying", "group", p.cfg.Group, "err", err)
-			if err := sleep(ctx, time.Second); err != nil {
+			wait := rejoin.next()
+			if attempt&(attempt-1) == 0 || attempt%30 == 0 { // 1, 2, 4, 8, ... and every 30th
+				p.log.Warn("joining the group failed; retrying", "group", p.cfg.Group, "after", wait, "err", err)
+			}
+			if err := sleep(ctx, wait); err != nil {
 				return nil
 			}
 			continue
 		}
+		rejoin.reset()
+		attempt = 0
 		p.generation.Store(gen.ID)
 		p.joined.Store(true)
 		assigned := gen.Assignments[p.cfg.Input]
@@ -358,11 +364,12 @@ var topicWait = 30 * time.Second
 // would otherwise pause on them for ever.
 func (p *Pipeline) checkTopics(ctx context.Context) error {
 	deadline := time.Now().Add(topicWait)
+	retry := backoff{min: time.Second, max: 30 * time.Second}
 	for _, topic := range []string{p.cfg.Input, p.cfg.Output, p.cfg.DLQ, p.cfg.Replies} {
 		if topic == "" {
 			continue
 		}
-		for {
+		for attempt := 1; ; attempt++ {
 			_, err := p.cfg.Broker.Partitions(ctx, topic)
 			if err == nil {
 				break
@@ -376,8 +383,17 @@ func (p *Pipeline) checkTopics(ctx context.Context) error {
 			if !dedupe.IsRetryable(err) {
 				return err
 			}
-			p.log.Warn("reading topic metadata failed; retrying", "topic", topic, "err", err)
-			if sleep(ctx, time.Second) != nil {
+			// An unknown topic is waited for second by second (it may be
+			// being created); an unreachable cluster with a backoff; the
+			// log thins out as the attempts grow.
+			wait := time.Second
+			if !errors.Is(err, sinks.ErrUnknownTopic) {
+				wait = retry.next()
+			}
+			if attempt&(attempt-1) == 0 || attempt%30 == 0 { // 1, 2, 4, 8, ... and every 30th
+				p.log.Warn("reading topic metadata failed; retrying", "topic", topic, "after", wait, "err", err)
+			}
+			if sleep(ctx, wait) != nil {
 				return nil
 			}
 		}

@@ -63,15 +63,30 @@ var OverridableFields = []OverridableField{
 	{Path: "metrics.addr", Env: "IDEMSTREAM_METRICS_ADDR", Flag: "metrics-addr", Help: "listen address of /metrics, /healthz and /readyz"},
 }
 
+// FlagEnv is the environment variable named after the field's flag
+// (--brokers: IDEMSTREAM_BROKERS). It is read beside Env, and wins.
+func (f OverridableField) FlagEnv() string {
+	return "IDEMSTREAM_" + strings.ToUpper(strings.ReplaceAll(f.Flag, "-", "_"))
+}
+
 // EnvOverrides reads the IDEMSTREAM_* variables that are set.
 func EnvOverrides(getenv func(string) string) Overrides {
-	ov := Overrides{}
+	ov, _ := EnvOverridesFrom(getenv)
+	return ov
+}
+
+// EnvOverridesFrom is EnvOverrides, and for each field set the variable
+// it came from, so that an error about the value can name it.
+func EnvOverridesFrom(getenv func(string) string) (Overrides, map[string]string) {
+	ov, from := Overrides{}, map[string]string{}
 	for _, f := range OverridableFields {
-		if v := getenv(f.Env); v != "" {
-			ov[f.Path] = v
+		for _, name := range []string{f.Env, f.FlagEnv()} {
+			if v := getenv(name); v != "" {
+				ov[f.Path], from[f.Path] = v, name
+			}
 		}
 	}
-	return ov
+	return ov, from
 }
 
 // Load reads, overrides, validates and completes a configuration file.

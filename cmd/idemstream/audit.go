@@ -20,32 +20,35 @@ import (
 	"github.com/idemstream/idemstream/schemas"
 )
 
-const auditSynopsis = `--brokers B --topic T [--config FILE --pipeline NAME | --key header:NAME|field:/ptr|message_key [--format uuid|any|regex:RE]]
+const auditSynopsis = `-b BROKERS -t TOPIC [-c FILE [--pipeline NAME] | [--key header:NAME|field:/ptr|message_key] [--key-format uuid|any|regex:RE]]
                  [--from earliest|-DURATION|RFC3339] [--max-records N] [--volatile-share 0.5]
-                 [--output text|json] [--suggest FILE]`
+                 [-o text|json] [--suggest FILE]`
 
 func cmdAudit(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "audit", auditSynopsis)
-	cf := addConfigFlags(fs, false)
+	cf := addConfigFlags(fs)
 	pipeline := fs.String("pipeline", "", "pipeline whose key rules, rules and window apply (optional when the config has one)")
-	brokers := fs.String("brokers", "", "Kafka bootstrap brokers, comma-separated (or IDEMSTREAM_KAFKA_BROKERS; with --config, the file's)")
+	brokers := fs.String("brokers", "", "Kafka bootstrap brokers, comma-separated (or IDEMSTREAM_BROKERS; with --config, the file's)")
+	short(fs, "b", "brokers")
 	topic := fs.String("topic", "", "topic to read (with --config, the pipeline's input by default)")
+	short(fs, "t", "topic")
 	keyFlag := fs.String("key", "", "where the idempotency key is: header:NAME, field:/pointer or message_key (default header:Idempotency-Key)")
-	format := fs.String("format", "", "key format: uuid, any or regex:RE (default uuid)")
+	format := fs.String("key-format", "", "key format: uuid, any or regex:RE (default uuid)")
 	from := fs.String("from", "earliest", "where to start: earliest, -DURATION before now (-24h) or an RFC 3339 time")
 	maxRecords := fs.Int64("max-records", 0, "stop after this many records (0: read to the end offsets seen at start)")
 	share := fs.Float64("volatile-share", audit.DefaultVolatileShare, "share of the keys seen more than once in which a field must change to be proposed as volatile")
 	maxPayload := fs.Int("max-payload-bytes", schemas.DefaultMaxPayloadBytes, "payloads larger than this are payload_too_large (with --config, the pipeline's)")
-	output := fs.String("output", "text", "text or json")
+	outputOf := outputFlag(fs, "text", "text", "json")
 	suggest := fs.String("suggest", "", "write the suggested configuration to this file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	output, err := outputOf()
+	if err != nil {
+		return err
+	}
 	if fs.NArg() != 0 {
 		return usagef("audit takes no arguments, got %q", fs.Args())
-	}
-	if *output != "text" && *output != "json" {
-		return usagef("--output %q: want text or json", *output)
 	}
 	if *share <= 0 || *share > 1 {
 		return usagef("--volatile-share %v: want a share above 0 and at most 1", *share)
@@ -53,15 +56,18 @@ func cmdAudit(ctx context.Context, e *env, args []string) error {
 	if *maxRecords < 0 {
 		return usagef("--max-records %d: want 0 (no limit) or more", *maxRecords)
 	}
-	start, err := audit.ParseFrom(*from, time.Now())
+	var start audit.From
+	start, err = audit.ParseFrom(*from, time.Now())
 	if err != nil {
 		return usagef("--from %v", err)
 	}
 	configured := cf.path != "" || e.getenv("IDEMSTREAM_CONFIG") != ""
 	if configured && (*keyFlag != "" || *format != "") {
-		return usagef("--key and --format come from the pipeline with --config: give one or the other")
+		return usagef("--key and --key-format come from the pipeline with --config: give one or the other")
 	}
 	if b := *brokers; b != "" {
+		cf.overrides["kafka.brokers"] = b
+	} else if b := e.getenv("IDEMSTREAM_BROKERS"); b != "" {
 		cf.overrides["kafka.brokers"] = b
 	} else if b := e.getenv("IDEMSTREAM_KAFKA_BROKERS"); b != "" {
 		cf.overrides["kafka.brokers"] = b
@@ -131,7 +137,7 @@ func cmdAudit(ctx context.Context, e *env, args []string) error {
 			return fmt.Errorf("write --suggest: %w", err)
 		}
 	}
-	if *output == "json" {
+	if output == "json" {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
@@ -178,19 +184,19 @@ func flagConfig(brokers, topic, key, format string, maxPayload int) (*schemas.Co
 	}
 	cfg, err := schemas.Parse(data, "")
 	if err != nil {
-		return nil, schemas.Pipeline{}, flagError(err)
+		return nil, schemas.Pipeline{}, auditFlagError(err)
 	}
 	return cfg, cfg.Pipelines[0], nil
 }
 
-// flagError names the flag behind a field of the built configuration.
-func flagError(err error) error {
+// auditFlagError names the flag behind a field of the built configuration.
+func auditFlagError(err error) error {
 	fe, ok := err.(*schemas.FieldError)
 	if !ok {
 		return err
 	}
 	flag := map[string]string{
-		"pipelines[0].key.format": "--format", "pipelines[0].key.name": "--key", "pipelines[0].key": "--key",
+		"pipelines[0].key.format": "--key-format", "pipelines[0].key.name": "--key", "pipelines[0].key": "--key",
 		"pipelines[0].input": "--topic", "pipelines[0].name": "--topic", "kafka.brokers": "--brokers",
 		"pipelines[0].max_payload_bytes": "--max-payload-bytes",
 	}[fe.Field]

@@ -176,7 +176,7 @@ func TestAuditUsageErrors(t *testing.T) {
 		{[]string{"audit", "--topic", "t"}, "--brokers"},
 		{[]string{"audit", "--brokers", "127.0.0.1:1", "--topic", "t", "--key", "cookie:x"}, "--key"},
 		{[]string{"audit", "--brokers", "127.0.0.1:1", "--topic", "t", "--key", "field:nope"}, "--key"},
-		{[]string{"audit", "--brokers", "127.0.0.1:1", "--topic", "t", "--format", "guid"}, "--format"},
+		{[]string{"audit", "--brokers", "127.0.0.1:1", "--topic", "t", "--key-format", "guid"}, "--key-format"},
 		{[]string{"audit", "--brokers", "127.0.0.1:1", "--topic", "t", "--from", "yesterday"}, "--from"},
 		{[]string{"audit", "--brokers", "127.0.0.1:1", "--topic", "t", "--output", "xml"}, "--output"},
 		{[]string{"audit", "--brokers", "127.0.0.1:1", "--topic", "t", "--volatile-share", "2"}, "--volatile-share"},
@@ -244,7 +244,7 @@ func TestAuditEmptyTopic(t *testing.T) {
 
 func TestAuditKeyFromFieldAndMessageKey(t *testing.T) {
 	brokers, p := plantedTopic(t)
-	r := runCLI(t, "", "audit", "--brokers", brokers, "--topic", "claims", "--key", "field:/order_id", "--format", "regex:o-[0-9]+(-b)?",
+	r := runCLI(t, "", "audit", "--brokers", brokers, "--topic", "claims", "--key", "field:/order_id", "--key-format", "regex:o-[0-9]+(-b)?",
 		"--max-payload-bytes", "4096", "--output", "json")
 	if r.code != 0 {
 		t.Fatalf("audit --key field: exited %d: %s", r.code, r.stderr)

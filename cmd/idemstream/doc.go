@@ -2,14 +2,21 @@
 //
 // Usage:
 //
-//	idemstream run      --config FILE          the consumer; many instances = one group
-//	idemstream demo                            embedded broker and store, the incident's incident
-//	idemstream hash     --config FILE --pipeline NAME [FILE|-]
-//	idemstream diff     --config FILE --pipeline NAME A B
-//	idemstream contract --config FILE [--format markdown|asyncapi]
-//	idemstream inspect  --config FILE --pipeline NAME KEY
-//	idemstream audit    --brokers B --topic T [--config FILE] [--suggest FILE]
-//	idemstream version
+//	idemstream run      -c FILE [-b BROKERS] [--redis-url URL]   the consumer; many instances = one group
+//	idemstream validate -c FILE [--check-servers]                the checks run makes, without running
+//	idemstream demo     [-o text|json]                           embedded broker and store, the incident replayed
+//	idemstream hash     -c FILE [--pipeline NAME] [-o text|json] [FILE|-]
+//	idemstream diff     -c FILE [--pipeline NAME] [-o text|json] A B
+//	idemstream contract -c FILE [-o markdown|asyncapi]
+//	idemstream inspect  -c FILE [--pipeline NAME] [-o text|json] KEY
+//	idemstream audit    -b BROKERS -t TOPIC [-c FILE] [-o text|json] [--suggest FILE]
+//	idemstream version  (or --version)
+//
+// Help (-h) goes to stdout with exit code 0; usage errors and every other
+// error go to stderr. A flag's value that does not parse names the flag
+// and what it wants. The overridable fields take a flag and an
+// environment variable named after it (--brokers, IDEMSTREAM_BROKERS);
+// an error about a value that came from one names it.
 //
 // hash, diff and contract work offline from the same configuration file
 // that drives the consumer, so that a support engineer can answer "why was

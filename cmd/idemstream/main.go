@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
@@ -62,6 +63,7 @@ func init() {
 		{"diff", "print the JSON Pointers where two payloads differ", cmdDiff},
 		{"contract", "render the client-facing idempotency contract", cmdContract},
 		{"inspect", "print the stored state of one key", cmdInspect},
+		{"validate", "check a configuration (and with --check-servers its Kafka topics and Redis) without running", cmdValidate},
 		{"audit", "read a command topic and show what \"the same request\" means in it", cmdAudit},
 		{"version", "print the version", cmdVersion},
 	}
@@ -76,11 +78,13 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
 	e := &env{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv}
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 {
+		// Bad usage: the list goes to stderr, like every usage error.
+		printUsage(stderr)
+		return exitUsage
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		printUsage(stdout)
-		if len(args) == 0 {
-			return exitUsage
-		}
 		return exitOK
 	}
 	if args[0] == "--version" || args[0] == "-version" {
@@ -130,17 +134,132 @@ func printUsage(w io.Writer) {
 }
 
 // newFlags makes a flag set that reports errors as usage errors instead of
-// exiting, and prints help to stdout.
+// exiting, and prints help (-h) to stdout: the synopsis, then each flag
+// once, with its short form.
 func newFlags(e *env, name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.Usage = func() {
+	// The flag package calls Usage on -h and on every parse error: the
+	// help is printed (to stdout) only when it was asked for.
+	fs.Usage = func() {}
+	extras.Store(fs, &flagExtras{help: func() {
 		fmt.Fprintf(e.stdout, "Usage: idemstream %s %s\n\nFlags:\n", name, synopsis)
-		fs.SetOutput(e.stdout)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
-	}
+		printFlags(e.stdout, fs)
+	}, short: map[string]string{}})
 	return fs
+}
+
+// flagExtras is what a command's flag set has beyond the flag package's:
+// its help, and the one-letter forms of its flags (long: letter).
+type flagExtras struct {
+	help  func()
+	short map[string]string
+}
+
+// extras holds a flagExtras per flag set; commands run side by side in
+// the tests.
+var extras sync.Map
+
+func extrasOf(fs *flag.FlagSet) *flagExtras {
+	x, _ := extras.Load(fs)
+	return x.(*flagExtras)
+}
+
+// short gives the flag long a one-letter form (-c for --config), as kcat
+// and rpk users expect.
+func short(fs *flag.FlagSet, letter, long string) {
+	f := fs.Lookup(long)
+	fs.Var(f.Value, letter, "")
+	extrasOf(fs).short[long] = letter
+}
+
+func isShort(fs *flag.FlagSet, name string) bool {
+	for _, l := range extrasOf(fs).short {
+		if l == name {
+			return true
+		}
+	}
+	return false
+}
+
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if isShort(fs, f.Name) {
+			return
+		}
+		name := "    --" + f.Name
+		if l, ok := extrasOf(fs).short[f.Name]; ok {
+			name = "-" + l + ", --" + f.Name
+		}
+		kind, usage := flag.UnquoteUsage(f)
+		if kind != "" {
+			name += " " + kind
+		}
+		fmt.Fprintf(w, "  %s\n      \t%s", name, usage)
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
+// flagError rewrites the flag package's errors so that each names the
+// flag as it is typed and says what it wants.
+func flagError(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		return usagef("unknown flag %s: run 'idemstream %s -h' for the flags", dashed(name), fs.Name())
+	}
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return usagef("%s needs a value", dashed(name))
+	}
+	var value, name string
+	if _, scanErr := fmt.Sscanf(msg, "invalid value %q for flag -%s", &value, &name); scanErr == nil {
+		name = strings.TrimSuffix(name, ":")
+		want := "another value"
+		if f := fs.Lookup(name); f != nil {
+			switch fmt.Sprintf("%T", f.Value) {
+			case "*flag.durationValue":
+				want = "a duration such as 5s"
+			case "*flag.intValue", "*flag.int64Value", "*flag.uintValue", "*flag.uint64Value":
+				want = "a whole number"
+			case "*flag.float64Value":
+				want = "a number"
+			case "*flag.boolValue":
+				want = "true or false"
+			}
+			if _, detail, found := strings.Cut(msg, name+": "); found && want == "another value" {
+				want = detail
+			}
+		}
+		return usagef("%s: %q: want %s", dashed(name), value, want)
+	}
+	return usagef("%v", err)
+}
+
+func dashed(name string) string {
+	if len(name) == 1 {
+		return "-" + name
+	}
+	return "--" + name
+}
+
+// choice checks a flag's value against the values it takes.
+func choice(flagName, value string, allowed ...string) error {
+	for _, a := range allowed {
+		if value == a {
+			return nil
+		}
+	}
+	return usagef("%s: %q: want %s", flagName, value, strings.Join(allowed, " or "))
+}
+
+// outputFlag is -o, --output: the one way every command that prints data
+// chooses its form.
+func outputFlag(fs *flag.FlagSet, def string, allowed ...string) func() (string, error) {
+	out := fs.String("output", def, "output: "+strings.Join(allowed, " or "))
+	short(fs, "o", "output")
+	return func() (string, error) { return *out, choice("--output", *out, allowed...) }
 }
 
 func parseFlags(fs *flag.FlagSet, args []string) error {
@@ -149,9 +268,10 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return err // Parse has printed the usage already
+				extrasOf(fs).help()
+				return err
 			}
-			return usagef("%v", err)
+			return flagError(fs, err)
 		}
 		if fs.NArg() == 0 {
 			break
@@ -166,21 +286,41 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 type configFlags struct {
 	path      string
 	overrides schemas.Overrides
+	// fields are the overridable fields this command takes (by path
+	// prefix); the others are neither listed nor read.
+	fields []string
 }
 
-func addConfigFlags(fs *flag.FlagSet, withOverrides bool) *configFlags {
-	cf := &configFlags{overrides: schemas.Overrides{}}
+// addConfigFlags adds -c, --config and the flags (and environment
+// variables) of the overridable fields whose path starts with one of
+// fields: a command lists only what it uses.
+func addConfigFlags(fs *flag.FlagSet, fields ...string) *configFlags {
+	cf := &configFlags{overrides: schemas.Overrides{}, fields: fields}
 	fs.StringVar(&cf.path, "config", "", "configuration file (or IDEMSTREAM_CONFIG)")
-	if withOverrides {
-		for _, f := range schemas.OverridableFields {
-			path := f.Path
-			fs.Func(f.Flag, f.Help+" (or "+f.Env+")", func(v string) error {
-				cf.overrides[path] = v
-				return nil
-			})
+	short(fs, "c", "config")
+	for _, f := range schemas.OverridableFields {
+		if !cf.takes(f) {
+			continue
+		}
+		path := f.Path
+		fs.Func(f.Flag, f.Help+" (or "+f.FlagEnv()+")", func(v string) error {
+			cf.overrides[path] = v
+			return nil
+		})
+		if f.Flag == "brokers" {
+			short(fs, "b", "brokers")
 		}
 	}
 	return cf
+}
+
+func (cf *configFlags) takes(f schemas.OverridableField) bool {
+	for _, p := range cf.fields {
+		if strings.HasPrefix(f.Path, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func (cf *configFlags) load(e *env) (*schemas.Config, error) {
@@ -189,7 +329,38 @@ func (cf *configFlags) load(e *env) (*schemas.Config, error) {
 		path = e.getenv("IDEMSTREAM_CONFIG")
 	}
 	if path == "" {
-		return nil, usagef("--config FILE is required (or set IDEMSTREAM_CONFIG)")
+		return nil, usagef("-c, --config FILE is required (or set IDEMSTREAM_CONFIG)")
 	}
-	return schemas.Load(path, schemas.EnvOverrides(e.getenv), cf.overrides)
+	envOv, from := schemas.EnvOverridesFrom(e.getenv)
+	for p := range envOv {
+		if !cf.takesPath(p) {
+			delete(envOv, p)
+		}
+	}
+	cfg, err := schemas.Load(path, envOv, cf.overrides)
+	var fe *schemas.FieldError
+	if errors.As(err, &fe) && fe.Field != "" {
+		// A bad value that came from a flag or a variable names it: the
+		// file may not even hold the field.
+		for _, f := range schemas.OverridableFields {
+			if !strings.HasPrefix(fe.Field, f.Path) {
+				continue
+			}
+			if _, ok := cf.overrides[f.Path]; ok {
+				fe.Msg += " (from --" + f.Flag + ")"
+			} else if name, ok := from[f.Path]; ok {
+				fe.Msg += " (from " + name + ")"
+			}
+		}
+	}
+	return cfg, err
+}
+
+func (cf *configFlags) takesPath(path string) bool {
+	for _, f := range schemas.OverridableFields {
+		if f.Path == path {
+			return cf.takes(f)
+		}
+	}
+	return false
 }

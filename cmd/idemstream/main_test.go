@@ -159,7 +159,7 @@ func TestUsageErrors(t *testing.T) {
 		{"hash", "--no-such-flag"},
 		{"hash", "-"},
 		{"diff", "--config", exampleConfig, "only-one.json"},
-		{"contract", "--config", exampleConfig, "--format", "pdf"},
+		{"contract", "--config", exampleConfig, "-o", "pdf"},
 		{"hash", "--config", exampleConfig, "--pipeline", "nope", "-"},
 	}
 	for _, args := range cases {
@@ -181,7 +181,7 @@ func TestContractCommand(t *testing.T) {
 	if md.code != 0 || !strings.Contains(md.stdout, "**Window**: 10m") || !strings.Contains(md.stdout, "`/client_time`") {
 		t.Errorf("contract markdown: %d %s %s", md.code, md.stdout, md.stderr)
 	}
-	api := runCLI(t, "", "contract", "--config", exampleConfig, "--format", "asyncapi")
+	api := runCLI(t, "", "contract", "--config", exampleConfig, "-o", "asyncapi")
 	if api.code != 0 || !strings.HasPrefix(api.stdout, "asyncapi: 3.0.0\n") {
 		t.Errorf("contract asyncapi: %d %q", api.code, api.stderr)
 	}
@@ -259,7 +259,7 @@ func TestInspectStoreDown(t *testing.T) {
 }
 
 func TestDemoCommandJSON(t *testing.T) {
-	r := runCLI(t, "", "demo", "--json", "--users", "30", "--commands", "150", "--members", "2")
+	r := runCLI(t, "", "demo", "-o", "json", "--users", "30", "--commands", "150", "--members", "2")
 	if r.code != 0 {
 		t.Fatalf("demo exited %d: %s", r.code, r.stderr)
 	}
@@ -270,7 +270,7 @@ func TestDemoCommandJSON(t *testing.T) {
 		Idemstream map[string]int `json:"idemstream"`
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &f); err != nil {
-		t.Fatalf("demo --json output is not JSON: %v\n%s", err, r.stdout)
+		t.Fatalf("demo -o json output is not JSON: %v\n%s", err, r.stdout)
 	}
 	if f.Commands != 150 || f.Idemstream["extra_coupons"] != 0 || f.Naive["extra_coupons"] != f.Injected["volatile_only_retries"] {
 		t.Errorf("demo figures: %+v", f)

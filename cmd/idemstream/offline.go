@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -51,16 +53,22 @@ func readInput(e *env, name string) ([]byte, error) {
 	}
 	b, err := os.ReadFile(name)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
+		// A file that is not there is bad usage, like a missing config.
+		return nil, usagef("read %s: %v", name, errors.Unwrap(err))
 	}
 	return b, nil
 }
 
 func cmdHash(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "hash", "--config FILE --pipeline NAME [FILE|-]")
-	cf := addConfigFlags(fs, false)
+	fs := newFlags(e, "hash", "-c FILE [--pipeline NAME] [-o text|json] [FILE|-]")
+	cf := addConfigFlags(fs)
 	pipeline := fs.String("pipeline", "", "pipeline whose rules apply (optional when the config has one)")
+	outputOf := outputFlag(fs, "text", "text", "json")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	output, err := outputOf()
+	if err != nil {
 		return err
 	}
 	if fs.NArg() > 1 {
@@ -86,15 +94,30 @@ func cmdHash(_ context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if output == "json" {
+		return writeJSON(e, map[string]any{"fingerprint": fp, "rules": canon.RulesDigest(), "canonical": json.RawMessage(canonical)})
+	}
 	fmt.Fprintf(e.stdout, "fingerprint: %s\nrules:       %s\ncanonical:   %s\n", fp, canon.RulesDigest(), canonical)
 	return nil
 }
 
+// writeJSON prints v as indented JSON: the -o json form of every command.
+func writeJSON(e *env, v any) error {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
 func cmdDiff(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "diff", "--config FILE --pipeline NAME A B")
-	cf := addConfigFlags(fs, false)
+	fs := newFlags(e, "diff", "-c FILE [--pipeline NAME] [-o text|json] A B")
+	cf := addConfigFlags(fs)
 	pipeline := fs.String("pipeline", "", "pipeline whose rules apply (optional when the config has one)")
+	outputOf := outputFlag(fs, "text", "text", "json")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	output, err := outputOf()
+	if err != nil {
 		return err
 	}
 	if fs.NArg() != 2 {
@@ -118,6 +141,14 @@ func cmdDiff(_ context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if output == "json" {
+		if paths == nil {
+			paths = []string{}
+		}
+		return writeJSON(e, map[string]any{
+			"a": map[string]string{"file": fs.Arg(0), "fingerprint": fps[0]}, "b": map[string]string{"file": fs.Arg(1), "fingerprint": fps[1]},
+			"same": len(paths) == 0, "paths": paths})
+	}
 	fmt.Fprintf(e.stdout, "A: %s  %s\nB: %s  %s\n", fps[0], fs.Arg(0), fps[1], fs.Arg(1))
 	if len(paths) == 0 {
 		fmt.Fprintln(e.stdout, "same request: no difference once volatile fields are removed and unordered arrays sorted")
@@ -128,10 +159,14 @@ func cmdDiff(_ context.Context, e *env, args []string) error {
 }
 
 func cmdContract(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "contract", "--config FILE [--format markdown|asyncapi]")
-	cf := addConfigFlags(fs, false)
-	format := fs.String("format", "markdown", "markdown or asyncapi")
+	fs := newFlags(e, "contract", "-c FILE [-o markdown|asyncapi]")
+	cf := addConfigFlags(fs, "kafka.group")
+	outputOf := outputFlag(fs, "markdown", "markdown", "asyncapi")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	format, err := outputOf()
+	if err != nil {
 		return err
 	}
 	if fs.NArg() != 0 {
@@ -142,13 +177,10 @@ func cmdContract(_ context.Context, e *env, args []string) error {
 		return err
 	}
 	var out []byte
-	switch *format {
-	case "markdown", "md":
-		out, err = schemas.ContractMarkdown(cfg)
-	case "asyncapi":
+	if format == "asyncapi" {
 		out, err = schemas.ContractAsyncAPI(cfg)
-	default:
-		return usagef("--format %q: want markdown or asyncapi", *format)
+	} else {
+		out, err = schemas.ContractMarkdown(cfg)
 	}
 	if err != nil {
 		return err

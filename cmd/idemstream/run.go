@@ -28,8 +28,8 @@ import (
 )
 
 func cmdRun(ctx context.Context, e *env, args []string) (err error) {
-	fs := newFlags(e, "run", "--config FILE")
-	cf := addConfigFlags(fs, true)
+	fs := newFlags(e, "run", "-c FILE [-b BROKERS] [--redis-url URL] [--settle-wait D] [--drain-timeout D] [--batch-size N] [--log-format json|text] [--log-level L]")
+	cf := addConfigFlags(fs, "")
 	logFormat := fs.String("log-format", "json", "json or text")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	settle := fs.Duration("settle-wait", consumer.DefaultSettleWait, "how long a write of unknown outcome may take to become visible (at least 1.5 × the brokers' replica.lag.time.max.ms)")

@@ -75,10 +75,15 @@ func checkServer(cfg *schemas.Config, store dedupe.Store, log *slog.Logger) erro
 }
 
 func cmdInspect(ctx context.Context, e *env, args []string) (err error) {
-	fs := newFlags(e, "inspect", "--config FILE --pipeline NAME KEY")
-	cf := addConfigFlags(fs, true)
+	fs := newFlags(e, "inspect", "-c FILE [--pipeline NAME] [-o text|json] KEY")
+	cf := addConfigFlags(fs, "store.")
 	pipeline := fs.String("pipeline", "", "pipeline of the key (optional when the config has one)")
+	outputOf := outputFlag(fs, "text", "text", "json")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	output, err := outputOf()
+	if err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
@@ -112,12 +117,37 @@ func cmdInspect(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
+	if output == "json" {
+		if !found {
+			return writeJSON(e, map[string]any{"key": key, "pipeline": p.Name, "found": false})
+		}
+		return writeJSON(e, map[string]any{"key": key, "pipeline": p.Name, "found": true, "entry": entryJSON(entry)})
+	}
 	if !found {
 		fmt.Fprintf(e.stdout, "no entry for key %s in pipeline %s: never seen, or its window (or failed_ttl) is over; the next record with it is decided first\n", key, p.Name)
 		return nil
 	}
 	printEntry(e, entry)
 	return nil
+}
+
+// entryJSON is an entry as inspect -o json prints it: times in RFC 3339 on
+// the store's clock, and how long each has left.
+func entryJSON(en dedupe.Entry) map[string]any {
+	at := func(t time.Time) any {
+		if t.IsZero() {
+			return nil
+		}
+		return map[string]string{"at": t.UTC().Format(time.RFC3339Nano), "left": t.Sub(en.Now).Round(time.Millisecond).String()}
+	}
+	return map[string]any{
+		"state": en.State, "fingerprint": en.Fingerprint, "rules": en.RulesDigest,
+		"owner": en.Owner.Token(), "first_source": en.FirstSource, "decision": en.DecisionID(),
+		"intent":       map[string]int64{"partition": int64(en.Intent.Partition), "floor": en.Intent.Floor},
+		"result":       map[string]int64{"partition": int64(en.Result.Partition), "offset": en.Result.Offset},
+		"window_start": en.WindowStart.UTC().Format(time.RFC3339Nano), "lease": at(en.LeaseUntil), "expires": at(en.ExpiresAt),
+		"store_time": en.Now.UTC().Format(time.RFC3339Nano),
+	}
 }
 
 func printEntry(e *env, en dedupe.Entry) {
