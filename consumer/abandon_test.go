@@ -30,26 +30,40 @@ func (r *rig) holdKey(pol dedupe.Policy, key, body string) {
 }
 
 // A record that phase 1 finishes after the first record that waits stays
-// uncommitted while the batch waits (a whole lease, or until a stopped
-// pipeline starts again): its entry is kept as long as an abandoned
-// batch's, or a stop and an outage longer than the window would decide it
-// first again.
-func TestRecordsAfterAWaitAreKeptLonger(t *testing.T) {
+// uncommitted while the batch waits. If the wait is abandoned (SIGTERM,
+// the pipeline stopped), its entry is kept as long as an abandoned batch's:
+// a stop and an outage longer than the window would otherwise decide it
+// first again. While the batch only waits it keeps its window, so that
+// batches that wait do not hold a day of entries in Redis.
+func TestRecordsAfterAnAbandonedWaitAreKeptLonger(t *testing.T) {
 	r := newRig(t, 1)
 	pol := r.policy(dedupe.Strict)
 	pol.PendingTimeout = 10 * time.Second
 	r.holdKey(pol, "held", `{"a":"held"}`)
 	r.produce(cmd{"k0", `{"n":0}`, 0}, cmd{"held", `{"a":"held"}`, 0}, cmd{"k2", `{"n":2}`, 0})
 	stop := r.start(r.config(pol, nil, nil, "a"))
-	defer stop()
 	waitFor(t, "k0 and k2 done, the offset before the wait committed", func() bool {
 		return r.count("p", "first") == 2 && r.committed("g-p", 0) == 1
 	})
-	for key, want := range map[string]time.Duration{"k0": pol.Window, "k2": dedupe.PendingRetention} {
+	kept := func(key string) time.Duration {
 		e, _, _ := r.store.Lookup(context.Background(), "p", key)
-		if left := e.ExpiresAt.Sub(e.Now); e.State != dedupe.Success || left < want-time.Minute || left > want+time.Minute {
-			t.Errorf("%s: %s, kept %v more, want SUCCESS kept about %v", key, e.State, left, want)
+		if e.State != dedupe.Success {
+			t.Fatalf("%s: %s, want SUCCESS", key, e.State)
 		}
+		return e.ExpiresAt.Sub(e.Now)
+	}
+	if left := kept("k2"); left > pol.Window+time.Minute {
+		t.Errorf("k2 kept %v while its batch waits, want its window (%v)", left, pol.Window)
+	}
+	stop() // SIGTERM while the batch waits for the held key
+	if got := r.committed("g-p", 0); got != 1 {
+		t.Fatalf("committed %d after the abandoned wait, want 1", got)
+	}
+	if left := kept("k2"); left < dedupe.PendingRetention-time.Minute {
+		t.Errorf("k2 kept %v after its batch was abandoned, want at least %v", left, dedupe.PendingRetention)
+	}
+	if left := kept("k0"); left > pol.Window+time.Minute {
+		t.Errorf("k0 (committed) kept %v, want its window", left)
 	}
 }
 
@@ -189,5 +203,57 @@ func TestStartAtLatestIsResolvedOnce(t *testing.T) {
 	per := r.resultsPerKey()
 	if per["before"] != 0 || per["after-1"] != 1 || per["after-2"] != 1 || b.calls.Load() != 0 {
 		t.Errorf("results %v, %d fetches at \"latest\"; want after-1 and after-2 only, no fetch at \"latest\"", per, b.calls.Load())
+	}
+}
+
+// refuseOneDeadLetter writes every dead letter but those of one reason,
+// which the topic refuses for good.
+type refuseOneDeadLetter struct {
+	consumer.Broker
+	reason string
+}
+
+func (b *refuseOneDeadLetter) Write(ctx context.Context, msgs []sinks.Message) ([]sinks.Written, error) {
+	out := make([]sinks.Written, len(msgs))
+	var pass []sinks.Message
+	var at []int
+	for i, m := range msgs {
+		if r, _ := sinks.HeaderValue(m.Headers, sinks.HeaderReason); m.Topic == "dlq" && r == b.reason {
+			out[i] = sinks.Written{Partition: -1, Offset: dedupe.NoPosition, Err: dedupe.ErrBrokerRefused}
+			continue
+		}
+		pass, at = append(pass, m), append(at, i)
+	}
+	w, err := b.Broker.Write(ctx, pass)
+	for j, i := range at {
+		if w != nil {
+			out[i] = w[j]
+		}
+	}
+	if err == nil && len(pass) < len(msgs) {
+		err = dedupe.ErrBrokerRefused
+	}
+	return out, err
+}
+
+// A failed first copy whose dead letter was acknowledged stays FAILED when
+// another dead letter of its batch is refused and the pipeline stops: read
+// again, its record is a replay, never a result too.
+func TestAcknowledgedDeadLetterKeepsItsKeyFailed(t *testing.T) {
+	r := newRig(t, 1)
+	pol := r.policy(dedupe.Strict)
+	failing := consumer.HandlerFunc(func(_ context.Context, c consumer.Command) (consumer.Result, error) {
+		return consumer.Result{}, consumer.Permanent(errors.New("no stock"))
+	})
+	r.produce(cmd{"k1", `{"a":1}`, 0}, cmd{"", `{"no":"key"}`, 0})
+	p, err := consumer.New(r.config(pol, failing, &refuseOneDeadLetter{Broker: r.io, reason: "missing_key"}, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Run(context.Background()); !errors.Is(err, dedupe.ErrBrokerRefused) {
+		t.Fatalf("Run = %v, want the refusal", err)
+	}
+	if e, _, _ := r.store.Lookup(context.Background(), "p", "k1"); e.State != dedupe.Failed {
+		t.Errorf("k1 after its dead letter was acknowledged and the batch stopped: %s, want FAILED", e.State)
 	}
 }

@@ -53,7 +53,7 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 		recs[i] = dedupe.Record{Topic: p.cfg.Input, Partition: f.Partition, Offset: f.Offset,
 			Key: f.Key, Value: f.Value, Headers: f.Headers, Time: f.Time}
 	}
-	deferred, err := p.decideAndAct(ctx, pz, holder, recs, fl, false)
+	deferred, tail, err := p.decideAndAct(ctx, pz, holder, recs, fl, false)
 	if err != nil {
 		return err
 	}
@@ -67,7 +67,11 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 		for j, i := range deferred {
 			waiting[j] = recs[i]
 		}
-		if _, err := p.decideAndAct(ctx, pz, holder, waiting, fl, true); err != nil {
+		if _, _, err := p.decideAndAct(ctx, pz, holder, waiting, fl, true); err != nil {
+			// The first phase's keys after the first record that waits
+			// are not committed, and will be read again, maybe much
+			// later: kept as long as an abandoned batch's.
+			p.keepLonger(pz, tail)
 			return err
 		}
 	}
@@ -80,7 +84,10 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 // decideAndAct is one phase of processBatch: decide recs (waiting for keys
 // held elsewhere, or deferring them), act on every outcome, and return once
 // they are durable, with the indexes of the records deferred.
-func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, recs []dedupe.Record, fl *floors, wait bool) (deferred []int, err error) {
+//
+// tail are the SUCCESS completions of records after the first deferred
+// one: uncommitted until the second phase ends.
+func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, recs []dedupe.Record, fl *floors, wait bool) (deferred []int, tail []dedupe.Completion, err error) {
 	m := p.cfg.Metrics
 	r := p.newResults(pz, holder, recs, fl, wait)
 	defer func() {
@@ -93,13 +100,13 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 	}()
 
 	if err := r.decide(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := r.checkRules(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := r.recover(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	outs := r.outs
 	isDeferred := make(map[int]bool, len(r.deferred))
@@ -134,7 +141,7 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 			}
 			res, herr := p.handle(ctx, rec, o)
 			if ctx.Err() != nil {
-				return nil, ctx.Err()
+				return nil, nil, ctx.Err()
 			}
 			if herr != nil {
 				fc.failed(dedupe.ReasonHandlerFailed, herr)
@@ -150,7 +157,7 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 				rulesChange++
 				conflict, err := p.conflictUnderCurrentRules(ctx, pz, o)
 				if err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				if conflict {
 					o.Kind, o.Reason = dedupe.OutcomeConflict, dedupe.ReasonConflict
@@ -178,34 +185,38 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 	}
 
 	if err := r.write(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	failedAt := map[int]*firstCopy{} // dead letter index: its failed first copy
 	for _, fc := range r.firsts {
 		if fc.stage == stageFailed {
 			counts[dedupe.OutcomeFailed]++
+			failedAt[len(dlq)] = fc
 			deadLetter(fc.rec, fc.reason, fc.err, nil)
 		} else {
 			counts[dedupe.OutcomeFirst]++
 		}
 	}
 	if len(dlq) > 0 {
-		if _, err := p.writeAtLeastOnce(ctx, pz, "dead letters", p.cfg.DLQ, dlq, true); err != nil {
-			return nil, err
-		}
-		for _, fc := range r.firsts {
-			if fc.stage == stageFailed {
+		// A failed first copy is dead-lettered as soon as its dead letter
+		// may have been appended, whatever becomes of the others.
+		sent := func(i int) {
+			if fc := failedAt[i]; fc != nil {
 				fc.deadLettered = true
 			}
+		}
+		if _, err := p.writeAtLeastOnce(ctx, pz, "dead letters", p.cfg.DLQ, dlq, true, sent); err != nil {
+			return nil, nil, err
 		}
 	}
 	skipped := map[string]int{}
 	if len(replies) > 0 {
 		if err := p.writeReplies(ctx, pz, recs, replies, skipped); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if err := r.complete(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 
 	if m != nil {
@@ -221,7 +232,24 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 		m.LenientMismatch.WithLabelValues(p.cfg.Name).Add(float64(mismatches))
 	}
 	p.logBurst(reasons, rulesChange, skipped)
-	return r.deferred, nil
+	return r.deferred, r.tail, nil
+}
+
+// keepLonger asks the store to keep completed entries for
+// dedupe.PendingRetention: their records will be read again. Best effort,
+// like abandon: the store may not answer.
+func (p *Pipeline) keepLonger(pz *pauser, comps []dedupe.Completion) {
+	if len(comps) == 0 {
+		return
+	}
+	for i := range comps {
+		comps[i].KeepAtLeast = max(comps[i].KeepAtLeast, dedupe.PendingRetention)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+	defer cancel()
+	if _, err := p.cfg.Store.Complete(ctx, comps); err != nil {
+		pz.log.Warn("abandoned batch: the store did not answer; completed keys keep their window only", "err", err)
+	}
 }
 
 // conflictUnderCurrentRules settles a mismatch against an entry made under
@@ -311,9 +339,15 @@ func (p *Pipeline) handle(ctx context.Context, rec *dedupe.Record, o *dedupe.Out
 // same idemstream-source. A record the broker refuses for its size is an
 // answer about that record, not the batch: with trim it is trimmed (see
 // trimmed) and written again, without it is left out, and tooLarge lists
-// the indexes of those left out. A record the topic refuses for good stops
-// the pipeline: nothing can be committed past it.
-func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic string, msgs []sinks.Message, trim bool) (tooLarge []int, err error) {
+// the indexes of those left out. sent, when given, hears of each message
+// once it was acknowledged or may have been appended. A record the topic
+// refuses for good stops the pipeline: nothing can be committed past it.
+func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic string, msgs []sinks.Message, trim bool, sent ...func(i int)) (tooLarge []int, err error) {
+	heard := func(i int) {
+		for _, f := range sent {
+			f(i)
+		}
+	}
 	msgs = slices.Clone(msgs)
 	tries := make([]int, len(msgs)) // size refusals of each message so far
 	idx := make([]int, len(msgs))   // pending messages, by index
@@ -327,6 +361,9 @@ func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic
 		}
 		written, err := p.cfg.Broker.Write(ctx, batch)
 		if err == nil {
+			for _, i := range idx {
+				heard(i)
+			}
 			pz.resume()
 			return tooLarge, nil
 		}
@@ -335,6 +372,13 @@ func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic
 		}
 		var again []int
 		unavailable := false
+		// Every message the broker took, or may have, is heard of
+		// before anything else ends the write.
+		for j, i := range idx {
+			if written != nil && (written[j].Err == nil && written[j].Offset >= 0 || errors.Is(written[j].Err, sinks.ErrAmbiguous)) {
+				heard(i)
+			}
+		}
 		for j, i := range idx {
 			w := sinks.Written{Offset: dedupe.NoPosition, Err: err}
 			if written != nil {

@@ -122,8 +122,9 @@
 // each hold a key the other waits for (records of one key on two
 // partitions) finish their own keys first and never wait each other out;
 // the records before the first that waits are committed between the
-// phases, the rest after the second; those of the first phase after the
-// first that waits are kept as long as an abandoned batch's keys. A waiting record polls with
+// phases, the rest after the second; if the second phase is abandoned,
+// the first phase's keys after the first that waits are kept as long as
+// an abandoned batch's. A waiting record polls with
 // backoff up to pending_timeout, then is decided on the stored state (a
 // replay, or a conflict) and committed: the owner's own record, still
 // uncommitted, gives the key its result. A record that is its PENDING
@@ -186,8 +187,8 @@
 //   - Completed records are committed within the window. A batch commits
 //     what it finished before it waits for keys held elsewhere
 //     (TestBatchCommitsWhatIsCompleteBeforeItWaits) and keeps those it
-//     finished after the first that waits a day
-//     (TestRecordsAfterAWaitAreKeptLonger), a failed commit is tried again
+//     finished after the first that waits a day if the wait is abandoned
+//     (TestRecordsAfterAnAbandonedWaitAreKeptLonger), a failed commit is tried again
 //     (TestFailedCommitIsRetried), and an abandoned batch's completed keys
 //     are kept a day (TestStoppedBatchKeepsItsCompletedKeysPastTheWindow).
 //     A start at "latest" or at a time is committed once resolved
@@ -200,11 +201,23 @@
 //     the idemstream headers alone stops the pipeline.
 //     TestRecordsTooLargeToPassOnGetOneOutcomeEach, and against the real
 //     broker TestPoisonRecordsOnTheRealBroker (cmd/idemstream).
-//   - The record whose own decision failed is a replay when it comes
-//     again, and an abandoned batch completes a key whose dead letter it
-//     wrote FAILED: one input never gets both a dead letter and a result.
+//   - A record whose own decision failed is a replay when it comes again
+//     (its entry's owner or first source), and a batch that ends early
+//     completes FAILED every key whose dead letter may have been appended:
+//     so its input does not get a result besides its dead letter.
 //     TestFailedRecordDeliveredAgainIsAReplay,
-//     TestAbandonedBatchKeepsItsDeadLetteredKeysFailed.
+//     TestAbandonedBatchKeepsItsDeadLetteredKeysFailed,
+//     TestAcknowledgedDeadLetterKeepsItsKeyFailed. What remains: a FAILED
+//     entry lives failed_ttl, so a record read again after longer (a
+//     stopped pipeline) is decided anew; a kill between a dead letter and
+//     its completion leaves the key PENDING, and its record, resumed after
+//     the lease, runs the handler again (as a result's may, above); a
+//     FAILED key's rerun by another copy that is then released lets the
+//     first copy take it over. A conflict or replay whose record is read
+//     again after its key's window ended is decided anew like any other.
+//     And the first-source rule makes a first copy whose decision was taken
+//     over, then failed, a replay rather than a rerun (no second result,
+//     but no rerun for that copy).
 //   - A pipeline's identity (input, output, group, store namespace, key
 //     rule) is what its entries were made under: results carry it
 //     (idemstream-pipeline), and a pipeline whose output's latest results

@@ -88,6 +88,8 @@ type results struct {
 	deferred []int
 	// intent is the IntentFunc of the last decision (the floors it read).
 	intent dedupe.IntentFunc
+	// tail: the completions after the first deferred record (complete).
+	tail []dedupe.Completion
 }
 
 // floors are the end offsets of the output partitions at one moment.
@@ -418,7 +420,14 @@ func (r *results) complete(ctx context.Context) error {
 	for _, fc := range r.firsts {
 		switch fc.stage {
 		case stageFound, stageWritten:
-			comps = append(comps, r.completion(fc, dedupe.Success))
+			c := r.completion(fc, dedupe.Success)
+			comps = append(comps, c)
+			if len(r.deferred) > 0 && r.recs[fc.rec].Offset > r.firstDeferred() {
+				// Committed only once the records that wait for a key
+				// held elsewhere are decided: kept longer if that phase
+				// is abandoned (processBatch).
+				r.tail = append(r.tail, c)
+			}
 		case stageFailed:
 			comps = append(comps, r.completion(fc, dedupe.Failed))
 		default:
@@ -434,13 +443,6 @@ func (r *results) completion(fc *firstCopy, st dedupe.State) dedupe.Completion {
 	switch st {
 	case dedupe.Success:
 		c.Result, c.KeepAtLeast = fc.result, r.p.policy.Window
-		if len(r.deferred) > 0 && r.recs[fc.rec].Offset > r.firstDeferred() {
-			// Committed only after the records that wait for a key held
-			// elsewhere, maybe for a whole lease, maybe (the batch
-			// abandoned, the pipeline stopped) much later: kept as long
-			// as an abandoned batch's keys.
-			c.KeepAtLeast = max(c.KeepAtLeast, dedupe.PendingRetention)
-		}
 	case dedupe.Failed:
 		c.FailedTTL = r.p.policy.FailedTTL
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/idemstream/idemstream/dedupe"
 )
@@ -383,6 +384,9 @@ func (k *Kafka) Fetch(ctx context.Context, topic string, partition int, offset i
 	if err != nil {
 		if errors.Is(err, kafka.OffsetOutOfRange) {
 			return nil, 0, fmt.Errorf("fetch %s/%d from %d: %w", topic, partition, offset, err)
+		}
+		if errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, protocol.ErrNoTopic) || errors.Is(err, protocol.ErrNoPartition) {
+			return nil, 0, fmt.Errorf("fetch %s/%d from %d: %w: %w: %w", topic, partition, offset, ErrUnknownTopic, dedupe.ErrBrokerUnavailable, err)
 		}
 		return nil, 0, fmt.Errorf("fetch %s/%d from %d: %w", topic, partition, offset, classifyTopicError(err))
 	}

@@ -332,3 +332,13 @@ func TestParseCompression(t *testing.T) {
 		t.Error("ParseCompression(brotli) succeeded")
 	}
 }
+
+// A fetch of a partition the topic does not have says so (ErrUnknownTopic),
+// and may pass (a partition being created): retryable.
+func TestFetchOfAMissingPartitionIsUnknown(t *testing.T) {
+	_, k := newBroker(t, 1, "out")
+	_, _, err := k.Fetch(context.Background(), "out", 5, 0, 10*time.Millisecond)
+	if !errors.Is(err, sinks.ErrUnknownTopic) || !dedupe.IsRetryable(err) {
+		t.Errorf("fetch of out/5: %v, want ErrUnknownTopic and retryable", err)
+	}
+}

@@ -6,13 +6,17 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"time"
 	"strings"
 
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/sinks"
 )
 
-// readTopic reads every partition of topic from offset 0 to its end.
+// readTopic reads every partition of topic from offset 0 to its end. A
+// read that fails for a reason that may pass (a broker slow to answer on
+// a loaded machine) is tried again, from the start of its partition,
+// until ctx ends.
 func readTopic(ctx context.Context, k *sinks.Kafka, topic string) ([]sinks.Fetched, error) {
 	n, err := k.Partitions(ctx, topic)
 	if err != nil {
@@ -20,11 +24,21 @@ func readTopic(ctx context.Context, k *sinks.Kafka, topic string) ([]sinks.Fetch
 	}
 	var out []sinks.Fetched
 	for p := range n {
-		recs, err := k.Read(ctx, topic, p, 0, 0)
-		if err != nil {
-			return nil, err
+		for {
+			recs, err := k.Read(ctx, topic, p, 0, 0)
+			if err == nil {
+				out = append(out, recs...)
+				break
+			}
+			if ctx.Err() != nil || !dedupe.IsRetryable(err) {
+				return nil, err
+			}
+			select {
+			case <-ctx.Done():
+				return nil, err
+			case <-time.After(time.Second):
+			}
 		}
-		out = append(out, recs...)
 	}
 	return out, nil
 }
