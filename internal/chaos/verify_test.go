@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"time"
 	"strings"
+	"time"
 
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/sinks"
