@@ -626,7 +626,11 @@ pipelines:
 	// Judge from the topics.
 	rctx, rcancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer rcancel()
-	reader := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	// A transport of its own: kafka-go's default one is shared by every
+	// client of this process, and its pooled connections and metadata
+	// have seen the broker kills.
+	reader := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second,
+		Transport: &kafka.Transport{DialTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second}})
 	input, err := readTopic(rctx, reader, inTopic)
 	if err != nil {
 		t.Fatalf("read input: %v", err)
