@@ -200,6 +200,10 @@ pipelines:
 	defer cancel()
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	producer := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	// The commands arrive uncompressed, as from most producers of small
+	// commands; idemstream writes its results and dead letters with its
+	// default compression.
+	producer.Compression = 0
 	stats := &producerStats{acked: map[int]bool{}}
 
 	// The backlog first: the group starts on a full input.
