@@ -77,10 +77,17 @@ func writeRunConfig(t *testing.T, brokers []string, redisAddr, run, pipeline str
 
 func startInstance(t *testing.T, config string, env map[string]string, flags ...string) *instance {
 	t.Helper()
+	return startInstanceWith(t, config, env, append([]string{"--settle-wait", "200ms"}, flags...)...)
+}
+
+// startInstanceWith is startInstance with the default settle wait, unless
+// flags set another.
+func startInstanceWith(t *testing.T, config string, env map[string]string, flags ...string) *instance {
+	t.Helper()
 	in := &instance{t: t, addr: testenv.FreeAddr(t), done: make(chan int, 1), stderr: &syncBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
-	args := append([]string{"run", "--config", config, "--metrics-addr", in.addr, "--settle-wait", "200ms", "--log-format", "text"}, flags...)
+	args := append([]string{"run", "--config", config, "--metrics-addr", in.addr, "--log-format", "text"}, flags...)
 	go func() {
 		in.done <- run(ctx, args, strings.NewReader(""), io.Discard, in.stderr, func(k string) string { return env[k] })
 	}()

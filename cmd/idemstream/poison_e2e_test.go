@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -86,14 +85,7 @@ func TestPoisonRecordsOnTheRealBroker(t *testing.T) {
 		}
 	}
 
-	inst := &instance{t: t, addr: testenv.FreeAddr(t), done: make(chan int, 1), stderr: &syncBuffer{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	inst.cancel = cancel
-	go func() {
-		inst.done <- run(ctx, []string{"run", "--config", config, "--metrics-addr", inst.addr, "--log-format", "text"},
-			strings.NewReader(""), io.Discard, inst.stderr, func(string) string { return "" })
-	}()
-	t.Cleanup(inst.stop)
+	inst := startInstanceWith(t, config, nil)
 
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	committed := func() int64 {
