@@ -74,6 +74,8 @@ bench-audit:
 
 # The full chaos run (a backlog of 30,000 keys on a private three-node
 # Kafka cluster, default timings, faults one at a time for 17-22 minutes); the short variant
-# runs in `make test`. It starts its own cluster and redis-server.
+# runs in `make test`. It starts its own cluster and redis-server
+# (installed from Debian's packages first if missing).
 chaos:
-	IDEMSTREAM_REQUIRE_SERVERS=1 IDEMSTREAM_CHAOS=full go test -count=1 -race -run TestChaos -v -timeout 75m ./internal/chaos/
+	bash -c 'source internal/testenv/scripts/servers.sh && ensure_redis_installed && \
+	  IDEMSTREAM_REQUIRE_SERVERS=1 IDEMSTREAM_CHAOS=full go test -count=1 -race -run TestChaos -v -timeout 75m ./internal/chaos/'
