@@ -130,6 +130,25 @@ const DefaultSettleWait = 45 * time.Second
 // what the size trades.
 const DefaultBatchSize = 1000
 
+// DefaultDrainTimeout is `idemstream run`'s --drain-timeout, and
+// Config.DrainTimeout when neither it nor the session timeout is set: half
+// the session timeout, so that a revoked batch finishes before the group
+// gives up on the member.
+const DefaultDrainTimeout = 5 * time.Second
+
+// groupLeaveTimeout is what leaving the group may take once the last
+// partition stopped: the dialer's timeout for the LeaveGroup request.
+const groupLeaveTimeout = 10 * time.Second
+
+// StopTimeout is the longest Run takes to return once its context ends,
+// for a pipeline whose DrainTimeout is drain: each partition finishes the
+// batch in hand for up to drain, abandons what is left (its keys released
+// or completed, up to 3 s), and the member leaves the group. A deployment's
+// grace period after SIGTERM must cover it.
+func StopTimeout(drain time.Duration) time.Duration {
+	return drain + abandonTimeout + groupLeaveTimeout
+}
+
 // InstanceID names this process in owner tokens: host, pid and a random
 // nonce, so that no two processes (nor one restarted) ever share a holder.
 func InstanceID() string {

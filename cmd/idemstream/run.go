@@ -33,7 +33,7 @@ func cmdRun(ctx context.Context, e *env, args []string) (err error) {
 	logFormat := fs.String("log-format", "json", "json or text")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	settle := fs.Duration("settle-wait", consumer.DefaultSettleWait, "how long a write of unknown outcome may take to become visible (at least 1.5 × the brokers' replica.lag.time.max.ms)")
-	drain := fs.Duration("drain-timeout", 5*time.Second, "how long a revoked partition (rebalance, SIGTERM) goes on with the batch in hand before it releases its keys; below the 10s session timeout")
+	drain := fs.Duration("drain-timeout", consumer.DefaultDrainTimeout, "how long a revoked partition (rebalance, SIGTERM) goes on with the batch in hand before it releases its keys; below the 10s session timeout")
 	batch := fs.Int("batch-size", consumer.DefaultBatchSize, fmt.Sprintf("the most records decided, written and committed together; lower it for a handler that takes milliseconds per record (a batch in hand on revocation must finish within --drain-timeout); 1 to %d", maxBatchSize))
 	sink := fs.String("sink", "kafka", "kafka, or stdout to print results, dead letters and replies as JSON lines instead (debugging)")
 	if err := parseFlags(fs, args); err != nil {
@@ -85,6 +85,12 @@ func newLogger(e *env, format, level string) (*slog.Logger, error) {
 	}
 	return nil, usagef("--log-format %q: want json or text", format)
 }
+
+// httpShutdownTimeout bounds the metrics server's shutdown, which comes
+// after every pipeline stopped (consumer.StopTimeout): together they are
+// what a SIGTERM may take, and deploy/kubernetes's grace period covers them
+// (TestGracePeriodCoversTheShutdown).
+const httpShutdownTimeout = 5 * time.Second
 
 // writeBudget is the time a produce may take (the client's timeout is 10s).
 const writeBudget = consumer.WriteBudget
@@ -226,7 +232,7 @@ func (s *service) run(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	shutdown, cancel := context.WithTimeout(context.Background(), httpShutdownTimeout)
 	defer cancel()
 	err := errors.Join(append(errs, s.server.Shutdown(shutdown))...)
 	if herr := <-httpDone; herr != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -84,8 +85,15 @@ func TestCompose(t *testing.T) {
 
 	// Kafka, and the one-shot that creates every topic of the config.
 	kafka := svc("kafka")
-	if !strings.HasPrefix(kafka.Image, "apache/kafka:") {
-		t.Errorf("kafka: image %s, want apache/kafka", kafka.Image)
+	// The stack runs the Kafka version the tests run.
+	m := regexp.MustCompile(`(?m)^default_version=(\S+)$`).FindSubmatch(readFile(t, filepath.Join(root, "internal", "testenv", "scripts", "kafka.sh")))
+	if m == nil {
+		t.Fatal("internal/testenv/scripts/kafka.sh: no default_version=")
+	}
+	for _, name := range []string{"kafka", "kafka-init"} {
+		if image := svc(name).Image; image != "apache/kafka:"+string(m[1]) {
+			t.Errorf("%s: image %s, want apache/kafka:%s, the version the tests run", name, image, m[1])
+		}
 	}
 	if env := kafka.Environment["KAFKA_PROCESS_ROLES"]; env == nil || *env != "broker,controller" {
 		t.Error("kafka: want a single KRaft node (KAFKA_PROCESS_ROLES=broker,controller)")

@@ -180,6 +180,26 @@ func checkManifests(t *testing.T, m *manifests) {
 			t.Errorf("container: no %s limit", r)
 		}
 	}
+	// Memory: the request holds the load run's peak RSS (about 200 MB,
+	// docs/benchmarks.md) with a quarter more; GOMEMLIMIT is about 90% of
+	// the limit, so that the runtime collects harder before the kernel
+	// kills.
+	const peakRSS = 200 << 20
+	if req := c.Resources.Requests[corev1.ResourceMemory]; req.Value() < peakRSS*5/4 {
+		t.Errorf("container: memory request %s, want at least %d MiB (the measured peak RSS and a quarter more)", req.String(), peakRSS*5/4>>20)
+	}
+	limit := c.Resources.Limits[corev1.ResourceMemory]
+	var memLimit string
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" {
+			memLimit = e.Value
+		}
+	}
+	if goLimit, err := parseGoMemLimit(memLimit); err != nil {
+		t.Errorf("container: GOMEMLIMIT %q: %v", memLimit, err)
+	} else if ratio := float64(goLimit) / float64(limit.Value()); ratio < 0.85 || ratio > 0.95 {
+		t.Errorf("container: GOMEMLIMIT %s is %.0f%% of the memory limit %s, want about 90%%", memLimit, ratio*100, limit.String())
+	}
 
 	// The config file: the args name the mounted ConfigMap key, and it loads.
 	if len(c.Args) < 3 || c.Args[0] != "run" || c.Args[1] != "--config" {
@@ -258,6 +278,11 @@ func checkManifests(t *testing.T, m *manifests) {
 	if p.Spec.Selector == nil || !selects(p.Spec.Selector.MatchLabels, d.Spec.Template.Labels) {
 		t.Error("PodDisruptionBudget: selector does not select the pods")
 	}
+	// A Redis outage makes every pod unready at once: the default policy
+	// (IfHealthyBudget) would then block every node drain until it ends.
+	if pol := p.Spec.UnhealthyPodEvictionPolicy; pol == nil || *pol != policyv1.AlwaysAllow {
+		t.Errorf("PodDisruptionBudget: unhealthyPodEvictionPolicy %v, want AlwaysAllow", pol)
+	}
 
 	// ServiceMonitor.
 	sm := m.serviceMonitor
@@ -310,4 +335,25 @@ func TestKustomizationListsEveryFile(t *testing.T) {
 	if !reflect.DeepEqual(files, k.Resources) {
 		t.Errorf("kustomization.yaml resources %v, files %v", k.Resources, files)
 	}
+}
+
+// parseGoMemLimit reads a GOMEMLIMIT value as the Go runtime does: a number
+// of bytes with an optional B, KiB, MiB, GiB or TiB suffix.
+func parseGoMemLimit(v string) (int64, error) {
+	units := []struct {
+		suffix string
+		shift  uint
+	}{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
+	shift := uint(0)
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			v, shift = n, u.shift
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("want a positive number of bytes with B, KiB, MiB, GiB or TiB")
+	}
+	return n << shift, nil
 }
