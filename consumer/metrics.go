@@ -37,6 +37,11 @@ type Metrics struct {
 	// than the whole input record, because the topic refused them for
 	// their size.
 	RecordsTrimmed *prometheus.CounterVec
+	// StoreSettingsOK is 1 while the last check of the Redis settings
+	// (store.redis.check_server, at start and every minute) passed, 0
+	// while it refused them or could not run; absent when nothing is
+	// checked (a memory store, check_server: false). No labels.
+	StoreSettingsOK *prometheus.GaugeVec
 
 	// StoreReplicaAckFailures counts store calls whose writes too few
 	// replicas acknowledged in time (store.redis.min_replicas); each is
@@ -80,10 +85,12 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 			Help: "Offset commits that failed; each is retried while the partition is owned."}, []string{"pipeline"}),
 		RecordsTrimmed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "records_trimmed_total",
 			Help: "Dead letters and replies written without their whole payload (or key and headers): the topic refused them for their size."}, []string{"pipeline"}),
+		StoreSettingsOK: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "store_settings_ok",
+			Help: "1 while the last check of the Redis settings (store.redis.check_server) passed, 0 while it refused them or could not run."}, nil),
 	}
 	for _, c := range []prometheus.Collector{m.Records, m.DLQRecords, m.LenientMismatch, m.Lag, m.DecisionSeconds,
 		m.StoreSeconds, m.StoreErrors, m.StoreReplicaAckFailures, m.Rebalances, m.Inflight, m.BuildInfo, m.RepliesSkipped, m.ScanFloorTruncated, m.BatchesAbandoned,
-		m.CommitErrors, m.RecordsTrimmed} {
+		m.CommitErrors, m.RecordsTrimmed, m.StoreSettingsOK} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemstream/idemstream/internal/testenv"
 )
@@ -84,5 +87,141 @@ func TestRunWarnsWhenRedisRefusesConfig(t *testing.T) {
 		if !strings.Contains(stderr.String(), w) {
 			t.Errorf("stderr does not say %q:\n%s", w, stderr.String())
 		}
+	}
+}
+
+// runInBackground starts run with cfg and its metrics on a free address;
+// the returned stop ends it and returns its exit code.
+func runInBackground(t *testing.T, cfg string) (addr string, stderr *syncBuffer, stop func() int) {
+	t.Helper()
+	addr = testenv.FreeAddr(t)
+	stderr = &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"run", "--config", cfg, "--metrics-addr", addr, "--log-format", "text"}, strings.NewReader(""), io.Discard, stderr, func(string) string { return "" })
+	}()
+	stopped := false
+	stop = func() int {
+		if stopped {
+			return 0
+		}
+		stopped = true
+		cancel()
+		select {
+		case code := <-done:
+			return code
+		case <-time.After(30 * time.Second):
+			t.Fatal("run did not stop within 30s")
+			return -1
+		}
+	}
+	t.Cleanup(func() { stop() })
+	return addr, stderr, stop
+}
+
+// readyz polls /readyz until its body satisfies ok, and fails the test
+// after deadline.
+func readyzUntil(t *testing.T, addr string, deadline time.Duration, stderr *syncBuffer, what string, ok func(status int, body string) bool) string {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	var status int
+	var body string
+	for {
+		status, body = 0, ""
+		if resp, err := http.Get("http://" + addr + "/readyz"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			status, body = resp.StatusCode, string(b)
+		}
+		if ok(status, body) {
+			return body
+		}
+		if time.Now().After(end) {
+			t.Fatalf("/readyz never %s within %v; last %d %q; stderr:\n%s", what, deadline, status, body, stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A Redis that does not answer at start is never a reason to run
+// unchecked: run stays not ready and starts no pipeline until the check
+// can run, then checks, passes and starts.
+func TestRunWaitsUntilRedisCanBeChecked(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true})
+	srv.Stop()
+	cfg := writeFile(t, t.TempDir(), "c.yaml", "kafka: {brokers: ['127.0.0.1:1']}\n"+
+		"store: {redis: {url: 'redis://"+srv.Addr+"/0'}}\n"+
+		"pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n")
+	addr, stderr, stop := runInBackground(t, cfg)
+	readyzUntil(t, addr, 20*time.Second, stderr, "said the settings could not be checked", func(status int, body string) bool {
+		return status == http.StatusServiceUnavailable && strings.Contains(body, "store settings: redis settings could not be checked")
+	})
+	// Two tries at least (1 s apart), and still nothing started.
+	for !strings.Contains(stderr.String(), "not starting until they are") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if strings.Contains(stderr.String(), "redis settings checked") {
+		t.Fatalf("settings reported checked while Redis was down:\n%s", stderr.String())
+	}
+	srv.Start()
+	readyzUntil(t, addr, 30*time.Second, stderr, "dropped the settings problem", func(_ int, body string) bool {
+		return body != "" && !strings.Contains(body, "store settings")
+	})
+	if !strings.Contains(stderr.String(), "redis settings checked") {
+		t.Errorf("no log line says the settings were checked:\n%s", stderr.String())
+	}
+	if code := stop(); code != exitOK {
+		t.Errorf("run exited %d, want 0:\n%s", code, stderr.String())
+	}
+}
+
+// The settings are checked again while run runs: one that loses state
+// (appendonly turned off by CONFIG SET) makes the instance not ready and
+// the gauge 0; put back, it is ready again and the gauge 1.
+func TestRunChecksRedisSettingsAgain(t *testing.T) {
+	defer func(d time.Duration) { settingsRecheck = d }(settingsRecheck)
+	settingsRecheck = 100 * time.Millisecond
+	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true})
+	cfg := writeFile(t, t.TempDir(), "c.yaml", "kafka: {brokers: ['127.0.0.1:1']}\n"+
+		"store: {redis: {url: 'redis://"+srv.Addr+"/0'}}\n"+
+		"pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n")
+	addr, stderr, stop := runInBackground(t, cfg)
+	defer stop() // before settingsRecheck is restored
+	gauge := func() float64 {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return -2
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return metricIn(string(b), "idemstream_store_settings_ok")
+	}
+	readyzUntil(t, addr, 20*time.Second, stderr, "passed the check", func(_ int, body string) bool {
+		return body != "" && !strings.Contains(body, "store settings") && gauge() == 1
+	})
+	redisCLI(t, srv.Addr, "CONFIG", "SET", "appendonly", "no")
+	body := readyzUntil(t, addr, 20*time.Second, stderr, "reported the lost persistence", func(status int, body string) bool {
+		return status == http.StatusServiceUnavailable && strings.Contains(body, "store settings: ") && gauge() == 0
+	})
+	if !strings.Contains(body, "appendonly is no") {
+		t.Errorf("/readyz does not name the setting: %q", body)
+	}
+	redisCLI(t, srv.Addr, "CONFIG", "SET", "appendonly", "yes")
+	readyzUntil(t, addr, 20*time.Second, stderr, "recovered", func(_ int, body string) bool {
+		return body != "" && !strings.Contains(body, "store settings") && gauge() == 1
+	})
+}
+
+func redisCLI(t *testing.T, addr string, args ...string) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	cmd := make([]any, len(args))
+	for i, a := range args {
+		cmd[i] = a
+	}
+	if err := c.Do(context.Background(), cmd...).Err(); err != nil {
+		t.Fatalf("redis %v: %v", args, err)
 	}
 }

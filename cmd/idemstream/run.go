@@ -107,6 +107,7 @@ type service struct {
 	server    *http.Server
 	listener  net.Listener
 	probe     storeProbe
+	settings  *settingsCheck // nil: the store's settings are not checked
 }
 
 // runTimings are the run flags that shape the result protocol.
@@ -137,9 +138,6 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	if err := checkServer(cfg, rawStore, log); err != nil {
-		return nil, errors.Join(err, closeStore())
-	}
 	store := consumer.InstrumentStore(rawStore, metrics)
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
 	writer := sinks.NewKafka(client)
@@ -156,7 +154,7 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 	}
 	instance := consumer.InstanceID()
 	s := &service{cfg: cfg, log: log, store: store, closeFn: closeStore, client: client, registry: reg,
-		probe: storeProbe{store: rawStore}}
+		probe: storeProbe{store: rawStore}, settings: newSettingsCheck(cfg, rawStore, log, metrics)}
 	for i, pc := range cfg.Pipelines {
 		pol, err := cfg.Policy(pc)
 		if err != nil {
@@ -221,6 +219,21 @@ func (s *service) run(ctx context.Context) error {
 	defer stopAll()
 	var wg sync.WaitGroup
 	errs := make([]error, len(s.pipelines))
+	if s.settings != nil {
+		// Not ready, and no pipeline started, until the settings pass.
+		if err := s.settings.untilPassed(ctx); err != nil {
+			if ctx.Err() != nil {
+				err = nil
+			}
+			return s.shutdown(err, httpDone)
+		}
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			s.settings.watch(ctx, settingsRecheck)
+		}()
+		defer func() { stopAll(); <-watched }()
+	}
 	for i, p := range s.pipelines {
 		wg.Add(1)
 		go func() {
@@ -232,9 +245,14 @@ func (s *service) run(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	shutdown, cancel := context.WithTimeout(context.Background(), httpShutdownTimeout)
+	return s.shutdown(errors.Join(errs...), httpDone)
+}
+
+// shutdown stops the metrics server once the pipelines are done.
+func (s *service) shutdown(err error, httpDone <-chan error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), httpShutdownTimeout)
 	defer cancel()
-	err := errors.Join(append(errs, s.server.Shutdown(shutdown))...)
+	err = errors.Join(err, s.server.Shutdown(ctx))
 	if herr := <-httpDone; herr != nil {
 		err = errors.Join(err, herr)
 	}
@@ -258,6 +276,11 @@ func (s *service) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := s.probe.check(r.Context()); err != nil {
 		problems = append(problems, "store: "+err.Error())
+	}
+	if s.settings != nil {
+		if err := s.settings.err(); err != nil {
+			problems = append(problems, "store settings: "+err.Error())
+		}
 	}
 	if ra, ok := s.probe.store.(replicaAcks); ok {
 		if err := ra.ReplicaAckError(); err != nil {

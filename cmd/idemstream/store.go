@@ -5,7 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemstream/idemstream/consumer"
 
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/dedupe/memstore"
@@ -45,33 +51,129 @@ func openStore(cfg *schemas.Config, getenv func(string) string) (dedupe.Store, f
 	return nil, nil, &schemas.FieldError{Field: "store.kind", Msg: fmt.Sprintf("unknown store %q", cfg.Store.Kind)}
 }
 
-// checkServer runs the store's start-up checks of the Redis settings
-// (store.redis.check_server): settings that lose state silently refuse the
-// start (exit 2), what cannot be verified is a warning. A server that does
-// not answer is a warning too: the consumer pauses until it does, as it
-// would later.
-func checkServer(cfg *schemas.Config, store dedupe.Store, log *slog.Logger) error {
+// settingsCheck runs the store's checks of the Redis settings
+// (store.redis.check_server): before the pipelines start, retried with
+// backoff until it passes or refuses, and then every settingsRecheck while
+// they run, since a CONFIG SET or a failover can change the settings.
+// Settings that lose state silently refuse the start (exit 2); found
+// later, they make the instance not ready and set
+// idemstream_store_settings_ok to 0, and the pipelines go on: they were
+// started on settings that kept every decision, and an operator must
+// choose between fixing the server and stopping.
+type settingsCheck struct {
+	store *redisstore.Store
+	log   *slog.Logger
+	ok    prometheus.Gauge // nil without metrics
+
+	mu       sync.Mutex
+	problem  error  // nil once the last check passed
+	warnings string // the last warnings logged, to log a change only
+}
+
+// settingsRecheck is how often a running instance checks the Redis
+// settings again.
+var settingsRecheck = time.Minute
+
+// newSettingsCheck is the check of cfg's store, nil when nothing is
+// checked (a memory store, check_server: false).
+func newSettingsCheck(cfg *schemas.Config, store dedupe.Store, log *slog.Logger, metrics *consumer.Metrics) *settingsCheck {
 	rs, ok := store.(*redisstore.Store)
 	if !ok || !cfg.Store.Redis.ChecksServer() {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	warnings, err := rs.CheckServer(ctx)
-	for _, w := range warnings {
-		log.Warn("redis settings not verified or weak: "+w, "setting", "store.redis.check_server")
+	c := &settingsCheck{store: rs, log: log, problem: errors.New("not checked yet")}
+	if metrics != nil {
+		c.ok = metrics.StoreSettingsOK.WithLabelValues()
+		c.ok.Set(0)
 	}
+	return c
+}
+
+// errSettingsUnchecked is a check that could not run: the server did not
+// answer.
+var errSettingsUnchecked = errors.New("redis settings could not be checked")
+
+// once runs one check: nil when it passed, a *schemas.FieldError naming
+// the setting when it refused, errSettingsUnchecked when it could not run.
+func (c *settingsCheck) once(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	warnings, err := c.store.CheckServer(ctx)
 	var se *redisstore.SettingsError
 	switch {
 	case errors.As(err, &se):
 		for _, p := range se.Problems {
-			log.Error("redis settings lose state: "+p, "setting", "store.redis.check_server")
+			c.log.Error("redis settings lose state: "+p, "setting", "store.redis.check_server")
 		}
-		return &schemas.FieldError{Field: se.Field, Msg: se.Error() + " (store.redis.check_server: false starts anyway)"}
+		err = &schemas.FieldError{Field: se.Field, Msg: se.Error() + " (store.redis.check_server: false starts anyway)"}
 	case err != nil:
-		log.Warn("redis settings could not be checked at start: "+err.Error(), "setting", "store.redis.check_server")
+		err = fmt.Errorf("%w: %w", errSettingsUnchecked, err)
 	}
-	return nil
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if joined := strings.Join(warnings, "\n"); err == nil && joined != c.warnings {
+		for _, w := range warnings {
+			c.log.Warn("redis settings not verified or weak: "+w, "setting", "store.redis.check_server")
+		}
+		c.warnings = joined
+	}
+	if err == nil && c.problem != nil && c.warnings == "" {
+		c.log.Info("redis settings checked", "setting", "store.redis.check_server")
+	}
+	c.problem = err
+	if c.ok != nil {
+		c.ok.Set(map[bool]float64{true: 1, false: 0}[err == nil])
+	}
+	return err
+}
+
+// untilPassed runs the check before the pipelines start: while the server
+// does not answer the instance stays not ready and tries again, waiting
+// 1 s, doubling up to 30 s; it never starts unchecked. It returns nil once
+// the check passed, the refusal, or the context's error.
+func (c *settingsCheck) untilPassed(ctx context.Context) error {
+	wait := time.Second
+	for attempt := 1; ; attempt++ {
+		err := c.once(ctx)
+		if err == nil || !errors.Is(err, errSettingsUnchecked) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if attempt&(attempt-1) == 0 || attempt%10 == 0 { // 1, 2, 4, 8, ... and every 10th
+			c.log.Warn("redis settings could not be checked; not starting until they are", "setting", "store.redis.check_server", "retry_in", wait, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
+	}
+}
+
+// watch checks again every settingsRecheck until ctx ends.
+func (c *settingsCheck) watch(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := c.once(ctx); err != nil && ctx.Err() == nil && errors.Is(err, errSettingsUnchecked) {
+				c.log.Warn("redis settings could not be checked again", "setting", "store.redis.check_server", "err", err)
+			}
+		}
+	}
+}
+
+// err is what /readyz reports: nil once the last check passed.
+func (c *settingsCheck) err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.problem
 }
 
 func cmdInspect(ctx context.Context, e *env, args []string) (err error) {

@@ -25,6 +25,7 @@ func TestMetricsAsDocumented(t *testing.T) {
 		"idemstream_rebalances_total":          {dto.MetricType_COUNTER, []string{"pipeline"}},
 		"idemstream_inflight_records":          {dto.MetricType_GAUGE, []string{"pipeline"}},
 		"idemstream_build_info":                {dto.MetricType_GAUGE, []string{"go_version", "version"}},
+		"idemstream_store_settings_ok":         {dto.MetricType_GAUGE, nil},
 	}
 	got := registered(t)
 	for name, w := range want {
