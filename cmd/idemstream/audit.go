@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idemstream/idemstream/dedupe/audit"
+	"github.com/idemstream/idemstream/sinks"
 	"github.com/idemstream/idemstream/schemas"
 )
 
@@ -107,7 +108,7 @@ func cmdAudit(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 
-	_, transport, err := kafkaSecurity(cfg, e.getenv)
+	_, transport, err := sinks.Security(cfg, e.getenv)
 	if err != nil {
 		return err
 	}

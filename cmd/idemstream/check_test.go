@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/idemstream/idemstream/internal/testenv"
 )
 
@@ -173,55 +171,5 @@ func TestRunWaitsUntilRedisCanBeChecked(t *testing.T) {
 	}
 	if code := stop(); code != exitOK {
 		t.Errorf("run exited %d, want 0:\n%s", code, stderr.String())
-	}
-}
-
-// The settings are checked again while run runs: one that loses state
-// (appendonly turned off by CONFIG SET) makes the instance not ready and
-// the gauge 0; put back, it is ready again and the gauge 1.
-func TestRunChecksRedisSettingsAgain(t *testing.T) {
-	defer func(d time.Duration) { settingsRecheck = d }(settingsRecheck)
-	settingsRecheck = 100 * time.Millisecond
-	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true})
-	cfg := writeFile(t, t.TempDir(), "c.yaml", "kafka: {brokers: ['127.0.0.1:1']}\n"+
-		"store: {redis: {url: 'redis://"+srv.Addr+"/0'}}\n"+
-		"pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n")
-	addr, stderr, stop := runInBackground(t, cfg)
-	defer stop() // before settingsRecheck is restored
-	gauge := func() float64 {
-		resp, err := http.Get("http://" + addr + "/metrics")
-		if err != nil {
-			return -2
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return metricIn(string(b), "idemstream_store_settings_ok")
-	}
-	readyzUntil(t, addr, 20*time.Second, stderr, "passed the check", func(_ int, body string) bool {
-		return body != "" && !strings.Contains(body, "store settings") && gauge() == 1
-	})
-	redisCLI(t, srv.Addr, "CONFIG", "SET", "appendonly", "no")
-	body := readyzUntil(t, addr, 20*time.Second, stderr, "reported the lost persistence", func(status int, body string) bool {
-		return status == http.StatusServiceUnavailable && strings.Contains(body, "store settings: ") && gauge() == 0
-	})
-	if !strings.Contains(body, "appendonly is no") {
-		t.Errorf("/readyz does not name the setting: %q", body)
-	}
-	redisCLI(t, srv.Addr, "CONFIG", "SET", "appendonly", "yes")
-	readyzUntil(t, addr, 20*time.Second, stderr, "recovered", func(_ int, body string) bool {
-		return body != "" && !strings.Contains(body, "store settings") && gauge() == 1
-	})
-}
-
-func redisCLI(t *testing.T, addr string, args ...string) {
-	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	cmd := make([]any, len(args))
-	for i, a := range args {
-		cmd[i] = a
-	}
-	if err := c.Do(context.Background(), cmd...).Err(); err != nil {
-		t.Fatalf("redis %v: %v", args, err)
 	}
 }

@@ -4,177 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"strings"
-	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/idemstream/idemstream/consumer"
-
 	"github.com/idemstream/idemstream/dedupe"
-	"github.com/idemstream/idemstream/dedupe/memstore"
-	"github.com/idemstream/idemstream/dedupe/redisstore"
-	"github.com/idemstream/idemstream/schemas"
 )
-
-// openStore builds the configured store. The returned close releases its
-// connections; main calls it last, after everything that uses the store.
-func openStore(cfg *schemas.Config, getenv func(string) string) (dedupe.Store, func() error, error) {
-	switch cfg.Store.Kind {
-	case "memory":
-		return memstore.New(), func() error { return nil }, nil
-	case "redis":
-		r := cfg.Store.Redis
-		opts := redisstore.Options{URL: r.URL, Addrs: r.Addrs, MasterName: r.MasterName, Username: r.Username, TLS: r.TLS}
-		if r.CAFile != "" {
-			opts.CAFile = cfg.Resolve(r.CAFile)
-		}
-		if r.PasswordEnv != "" {
-			opts.Password = getenv(r.PasswordEnv)
-			if opts.Password == "" {
-				return nil, nil, &schemas.FieldError{Field: "store.redis.password_env", Msg: fmt.Sprintf("environment variable %s is empty", r.PasswordEnv)}
-			}
-		}
-		if r.MinReplicas > 0 {
-			// WAIT blocks for up to replica_timeout: the call's own
-			// timeout must outlast it.
-			opts.Timeout = redisstore.DefaultTimeout + r.ReplicaTimeout.D()
-		}
-		client, err := redisstore.NewClient(opts)
-		if err != nil {
-			return nil, nil, &schemas.FieldError{Field: "store.redis", Msg: err.Error()}
-		}
-		return redisstore.New(client, r.Prefix, redisstore.WithReplicas(r.MinReplicas, r.ReplicaTimeout.D())), client.Close, nil
-	}
-	return nil, nil, &schemas.FieldError{Field: "store.kind", Msg: fmt.Sprintf("unknown store %q", cfg.Store.Kind)}
-}
-
-// settingsCheck runs the store's checks of the Redis settings
-// (store.redis.check_server): before the pipelines start, retried with
-// backoff until it passes or refuses, and then every settingsRecheck while
-// they run, since a CONFIG SET or a failover can change the settings.
-// Settings that lose state silently refuse the start (exit 2); found
-// later, they make the instance not ready and set
-// idemstream_store_settings_ok to 0, and the pipelines go on: they were
-// started on settings that kept every decision, and an operator must
-// choose between fixing the server and stopping.
-type settingsCheck struct {
-	store *redisstore.Store
-	log   *slog.Logger
-	ok    prometheus.Gauge // nil without metrics
-
-	mu       sync.Mutex
-	problem  error  // nil once the last check passed
-	warnings string // the last warnings logged, to log a change only
-}
-
-// settingsRecheck is how often a running instance checks the Redis
-// settings again.
-var settingsRecheck = time.Minute
-
-// newSettingsCheck is the check of cfg's store, nil when nothing is
-// checked (a memory store, check_server: false).
-func newSettingsCheck(cfg *schemas.Config, store dedupe.Store, log *slog.Logger, metrics *consumer.Metrics) *settingsCheck {
-	rs, ok := store.(*redisstore.Store)
-	if !ok || !cfg.Store.Redis.ChecksServer() {
-		return nil
-	}
-	c := &settingsCheck{store: rs, log: log, problem: errors.New("not checked yet")}
-	if metrics != nil {
-		c.ok = metrics.StoreSettingsOK.WithLabelValues()
-		c.ok.Set(0)
-	}
-	return c
-}
-
-// errSettingsUnchecked is a check that could not run: the server did not
-// answer.
-var errSettingsUnchecked = errors.New("redis settings could not be checked")
-
-// once runs one check: nil when it passed, a *schemas.FieldError naming
-// the setting when it refused, errSettingsUnchecked when it could not run.
-func (c *settingsCheck) once(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	warnings, err := c.store.CheckServer(ctx)
-	var se *redisstore.SettingsError
-	switch {
-	case errors.As(err, &se):
-		for _, p := range se.Problems {
-			c.log.Error("redis settings lose state: "+p, "setting", "store.redis.check_server")
-		}
-		err = &schemas.FieldError{Field: se.Field, Msg: se.Error() + " (store.redis.check_server: false starts anyway)"}
-	case err != nil:
-		err = fmt.Errorf("%w: %w", errSettingsUnchecked, err)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if joined := strings.Join(warnings, "\n"); err == nil && joined != c.warnings {
-		for _, w := range warnings {
-			c.log.Warn("redis settings not verified or weak: "+w, "setting", "store.redis.check_server")
-		}
-		c.warnings = joined
-	}
-	if err == nil && c.problem != nil && c.warnings == "" {
-		c.log.Info("redis settings checked", "setting", "store.redis.check_server")
-	}
-	c.problem = err
-	if c.ok != nil {
-		c.ok.Set(map[bool]float64{true: 1, false: 0}[err == nil])
-	}
-	return err
-}
-
-// untilPassed runs the check before the pipelines start: while the server
-// does not answer the instance stays not ready and tries again, waiting
-// 1 s, doubling up to 30 s; it never starts unchecked. It returns nil once
-// the check passed, the refusal, or the context's error.
-func (c *settingsCheck) untilPassed(ctx context.Context) error {
-	wait := time.Second
-	for attempt := 1; ; attempt++ {
-		err := c.once(ctx)
-		if err == nil || !errors.Is(err, errSettingsUnchecked) {
-			return err
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if attempt&(attempt-1) == 0 || attempt%10 == 0 { // 1, 2, 4, 8, ... and every 10th
-			c.log.Warn("redis settings could not be checked; not starting until they are", "setting", "store.redis.check_server", "retry_in", wait, "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 30*time.Second)
-	}
-}
-
-// watch checks again every settingsRecheck until ctx ends.
-func (c *settingsCheck) watch(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := c.once(ctx); err != nil && ctx.Err() == nil && errors.Is(err, errSettingsUnchecked) {
-				c.log.Warn("redis settings could not be checked again", "setting", "store.redis.check_server", "err", err)
-			}
-		}
-	}
-}
-
-// err is what /readyz reports: nil once the last check passed.
-func (c *settingsCheck) err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.problem
-}
 
 func cmdInspect(ctx context.Context, e *env, args []string) (err error) {
 	fs := newFlags(e, "inspect", "-c FILE [--pipeline NAME] [-o text|json] KEY")
@@ -210,7 +44,7 @@ func cmdInspect(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return usagef("%v", err)
 	}
-	store, closeStore, err := openStore(cfg, e.getenv)
+	store, closeStore, err := consumer.OpenStore(cfg, e.getenv)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemstream/idemstream/consumer"
 	"github.com/idemstream/idemstream/dedupe/redisstore"
 	"github.com/idemstream/idemstream/sinks"
 )
@@ -46,7 +47,7 @@ func cmdValidate(ctx context.Context, e *env, args []string) (err error) {
 		fmt.Fprintf(e.stdout, "problem: "+format+"\n", a...)
 	}
 
-	_, transport, err := kafkaSecurity(cfg, e.getenv)
+	_, transport, err := sinks.Security(cfg, e.getenv)
 	if err != nil {
 		return err
 	}
@@ -72,7 +73,7 @@ func cmdValidate(ctx context.Context, e *env, args []string) (err error) {
 	}
 
 	if cfg.Store.Kind == "redis" {
-		store, closeStore, err := openStore(cfg, e.getenv)
+		store, closeStore, err := consumer.OpenStore(cfg, e.getenv)
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,143 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemstream/idemstream/consumer"
+	"github.com/idemstream/idemstream/internal/testenv"
+	"github.com/idemstream/idemstream/schemas"
+)
+
+// serviceConfig is a one-pipeline configuration on a Redis at addr and a
+// Kafka nobody listens on: the settings check needs no broker.
+func serviceConfig(t *testing.T, addr string) *schemas.Config {
+	t.Helper()
+	cfg, err := schemas.Parse([]byte("kafka: {brokers: ['127.0.0.1:1']}\n"+
+		"store: {redis: {url: 'redis://"+addr+"/0'}}\n"+
+		"pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// runService runs svc until the test ends.
+func runService(t *testing.T, svc *consumer.Service) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("Run did not return within 30s of its context's end")
+		}
+		if err := svc.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+}
+
+// until polls cond every 20 ms for up to d.
+func until(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("not %s within %v", what, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func settingsProblem(svc *consumer.Service) string {
+	for _, p := range svc.Ready(context.Background()) {
+		if strings.HasPrefix(p, "store settings: ") {
+			return p
+		}
+	}
+	return ""
+}
+
+// The Redis settings are checked again while the service runs: turned
+// unsafe (appendonly off by CONFIG SET), the service reports them on Ready
+// and the gauge drops to 0; put back, both recover.
+func TestServiceChecksRedisSettingsAgain(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true})
+	reg := prometheus.NewRegistry()
+	svc, err := consumer.NewService(serviceConfig(t, srv.Addr), consumer.ServiceOptions{Registerer: reg, SettingsRecheck: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauge := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "idemstream_store_settings_ok" && len(mf.GetMetric()) == 1 {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return -1
+	}
+	if n, _ := testutil.GatherAndCount(reg, "idemstream_store_settings_ok"); n != 1 || gauge() != 0 {
+		t.Fatalf("before the first check: %d series at %v, want one at 0", n, gauge())
+	}
+	runService(t, svc)
+	until(t, 20*time.Second, "checked", func() bool { return settingsProblem(svc) == "" && gauge() == 1 })
+
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	if err := rdb.ConfigSet(context.Background(), "appendonly", "no").Err(); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 20*time.Second, "reported unsafe", func() bool { return settingsProblem(svc) != "" && gauge() == 0 })
+	if p := settingsProblem(svc); !strings.Contains(p, "appendonly is no") {
+		t.Errorf("Ready does not name the setting: %q", p)
+	}
+	if err := rdb.ConfigSet(context.Background(), "appendonly", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	until(t, 20*time.Second, "reported safe again", func() bool { return settingsProblem(svc) == "" && gauge() == 1 })
+}
+
+// Settings that lose state refuse the start: Run returns the field error
+// before any pipeline starts.
+func TestServiceRefusesUnsafeRedisSettings(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{})
+	svc, err := consumer.NewService(serviceConfig(t, srv.Addr), consumer.ServiceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = svc.Run(ctx)
+	var fe *schemas.FieldError
+	if !errors.As(err, &fe) || !strings.Contains(err.Error(), "appendonly is no") {
+		t.Fatalf("Run = %v, want a field error naming appendonly", err)
+	}
+}
+
+// A handler for a pipeline the configuration does not have is a mistake.
+func TestServiceRefusesAHandlerForNoPipeline(t *testing.T) {
+	cfg := serviceConfig(t, "127.0.0.1:1")
+	_, err := consumer.NewService(cfg, consumer.ServiceOptions{Handlers: map[string]consumer.Handler{"q": consumer.Forward}})
+	if err == nil || !strings.Contains(err.Error(), `"q"`) {
+		t.Fatalf("NewService = %v, want an error naming pipeline q", err)
+	}
+}
