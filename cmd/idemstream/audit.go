@@ -17,8 +17,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idemstream/idemstream/dedupe/audit"
-	"github.com/idemstream/idemstream/sinks"
 	"github.com/idemstream/idemstream/schemas"
+	"github.com/idemstream/idemstream/sinks"
 )
 
 const auditSynopsis = `-b BROKERS -t TOPIC [-c FILE [--pipeline NAME] | [--key header:NAME|field:/ptr|message_key] [--key-format uuid|any|regex:RE]]

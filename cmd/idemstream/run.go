@@ -117,7 +117,9 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 		for _, p := range cfg.Pipelines {
 			inputs[p.Input] = true
 		}
-		opts.WrapBroker = func(b consumer.Broker) consumer.Broker { return &printingBroker{Broker: b, lines: lines, inputs: inputs} }
+		opts.WrapBroker = func(b consumer.Broker) consumer.Broker {
+			return &printingBroker{Broker: b, lines: lines, inputs: inputs}
+		}
 	}
 	svc, err := consumer.NewService(cfg, opts)
 	if err != nil {
