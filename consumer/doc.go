@@ -8,25 +8,27 @@
 // # Using it as a library
 //
 // A team that wants its own handler (claim the coupon in its database, call
-// its service) imports this package and dedupe, and wires a pipeline with
-// [NewPipeline]:
+// its service) runs its configuration file with [NewService], which honours
+// everything the file says, as `idemstream run` does: Kafka's TLS and SASL,
+// the store (Redis standalone, Sentinel or Cluster, replica
+// acknowledgement, the settings check), the rules of every pipeline:
 //
-//	p, err := consumer.NewPipeline(consumer.Options{
-//		Brokers: []string{"kafka:9092"},
-//		Policy:  pol,   // dedupe.Policy, e.g. from the configuration file (schemas.Config.Policy)
-//		Store:   store, // redisstore.New(client, "idem"), or memstore.New() in one process
-//		Handler: consumer.HandlerFunc(claimCoupon),
-//		Input:   "coupon.claim.commands", Output: "coupon.claim.results", DLQ: "coupon.claim.dlq",
+//	cfg, err := schemas.Load("idemstream.yaml")
+//	svc, err := consumer.NewService(cfg, consumer.ServiceOptions{
+//		Handlers:   map[string]consumer.Handler{"coupon-claim": consumer.HandlerFunc(claimCoupon)},
+//		Registerer: prometheus.DefaultRegisterer,
 //	})
-//	err = p.Run(ctx) // until ctx ends
+//	defer svc.Close()
+//	err = svc.Run(ctx) // until ctx ends; svc.Ready(ctx) for a readiness probe
 //
 // The [Handler] runs once per key per window with the first copy of each
 // request; what it returns is the result record. An error wrapped by
 // [Permanent] dead-letters the record (handler_failed) and marks the key
 // FAILED; any other error is retried while the partition waits. Start as
 // many processes as you like: they share the group's partitions, and the
-// store makes sure only one of them acts on a key. For TLS or SASL, a
-// Broker of your own, build a [Config] and call [New].
+// store makes sure only one of them acts on a key. [NewPipeline] builds one
+// pipeline from a policy written in code (plaintext Kafka); [New], from
+// parts of your own (a Broker, a Decider).
 //
 // Two files hold it: batch.go is the batch loop (run the handler, dead
 // letters, replies, metrics); protocol.go is the result protocol, the

@@ -8,12 +8,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemstream/idemstream/consumer"
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/dedupe/memstore"
+	"github.com/idemstream/idemstream/schemas"
 	"github.com/idemstream/idemstream/sinks"
 )
 
@@ -124,4 +126,83 @@ func ExamplePermanent() {
 	// Output:
 	// true true
 	// false
+}
+
+// A service built from a configuration file, as `idemstream run` builds
+// it: the file's kafka.tls and kafka.sasl, its store (Redis standalone,
+// Sentinel or Cluster, or memory as here) and its rules all apply; the
+// program adds its own handler and its own Prometheus registry. Kafka here
+// is an in-process fake.
+func ExampleNewService() {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders", "orders.results", "orders.dlq"))
+	if err != nil {
+		panic(err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()[0]
+
+	cfg, err := schemas.Parse([]byte(`
+kafka: {brokers: ["`+brokers+`"]}       # tls: and sasl: go here too
+store: {kind: memory}                    # or redis: {url: ..., min_replicas: 1}
+pipelines:
+  - name: orders
+    input: orders
+    output: orders.results
+    dlq: orders.dlq
+    key: {from: header, name: Idempotency-Key, format: any}
+    volatile: [/client_time]
+`), "")
+	if err != nil {
+		panic(err)
+	}
+	ship := consumer.HandlerFunc(func(ctx context.Context, cmd consumer.Command) (consumer.Result, error) {
+		fmt.Println("shipping", cmd.Key)
+		return consumer.Result{Value: []byte(`{"shipped":true}`)}, nil
+	})
+	svc, err := consumer.NewService(cfg, consumer.ServiceOptions{
+		Handlers:   map[string]consumer.Handler{"orders": ship},
+		Registerer: prometheus.NewRegistry(),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer svc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+
+	order := func(key, body string) kafka.Message {
+		return kafka.Message{Value: []byte(body), Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte(key)}}}
+	}
+	w := &kafka.Writer{Addr: kafka.TCP(brokers), Topic: "orders", RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	if err := w.WriteMessages(context.Background(),
+		order("o-1", `{"sku":"A-1","client_time":"12:00:00"}`),
+		order("o-1", `{"sku":"A-1","client_time":"12:00:05"}`), // a retry
+		order("o-2", `{"sku":"B-7","client_time":"12:00:09"}`),
+	); err != nil {
+		panic(err)
+	}
+	_ = w.Close()
+
+	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers)})
+	var results []sinks.Fetched // o-2's result comes after whatever the retry got
+	for deadline := time.Now().Add(30 * time.Second); len(results) < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			panic("no results within 30s")
+		}
+		results, _ = io.Read(context.Background(), "orders.results", 0, 0, 0)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		panic(err)
+	}
+	for _, r := range results {
+		key, _ := sinks.HeaderValue(r.Headers, sinks.HeaderKey)
+		fmt.Printf("result for %s: %s\n", key, r.Value)
+	}
+	// Output:
+	// shipping o-1
+	// shipping o-2
+	// result for o-1: {"shipped":true}
+	// result for o-2: {"shipped":true}
 }
