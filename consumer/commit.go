@@ -15,7 +15,7 @@ import "sync"
 // so a round holds at most one offset per partition. A round's error is
 // every member's error: the request was one.
 type sharedCommitter struct {
-	committer Committer
+	committer committer
 
 	mu       sync.Mutex
 	inflight chan struct{} // closed when the request in flight returns; nil when none is
@@ -29,7 +29,7 @@ type commitRound struct {
 	err     error
 }
 
-func newSharedCommitter(c Committer) *sharedCommitter {
+func newSharedCommitter(c committer) *sharedCommitter {
 	return &sharedCommitter{committer: c}
 }
 

@@ -8,3 +8,6 @@ func SetTopicWait(d time.Duration) (restore func()) {
 	topicWait = d
 	return func() { topicWait = old }
 }
+
+// InstrumentStore is instrumentStore, for the black-box tests.
+var InstrumentStore = instrumentStore

@@ -50,7 +50,7 @@ func NewPipeline(o Options) (*Pipeline, error) {
 	}
 	store := o.Store
 	if o.Metrics != nil {
-		store = InstrumentStore(store, o.Metrics)
+		store = instrumentStore(store, o.Metrics)
 	}
 	d, err := dedupe.NewDecider(o.Policy, store)
 	if err != nil {

@@ -31,9 +31,9 @@ type Broker interface {
 	Partitions(ctx context.Context, topic string) (int, error)
 }
 
-// Committer commits the next offset to read of a partition of the input.
+// committer commits the next offset to read of a partition of the input.
 // *kafka.Generation implements it (CommitOffsets).
-type Committer interface {
+type committer interface {
 	CommitOffsets(offsets map[string]map[int]int64) error
 }
 
@@ -56,7 +56,7 @@ type Config struct {
 	Metrics *Metrics
 	Logger  *slog.Logger
 
-	// Instance names this process in owner tokens (default InstanceID:
+	// Instance names this process in owner tokens (default instanceID:
 	// host, pid, a nonce).
 	Instance string
 	// BatchSize bounds the records decided together (default
@@ -79,7 +79,7 @@ type Config struct {
 	// (DefaultSettleWait).
 	SettleWait time.Duration
 	// WriteTimeout bounds one write of a batch's results (default
-	// WriteBudget, the Kafka client's timeout). The lease must outlast
+	// writeBudget, the Kafka client's timeout). The lease must outlast
 	// SettleWait plus WriteTimeout.
 	WriteTimeout time.Duration
 	// SessionTimeout of the group membership (default 10s).
@@ -149,9 +149,9 @@ func StopTimeout(drain time.Duration) time.Duration {
 	return drain + abandonTimeout + groupLeaveTimeout
 }
 
-// InstanceID names this process in owner tokens: host, pid and a random
+// instanceID names this process in owner tokens: host, pid and a random
 // nonce, so that no two processes (nor one restarted) ever share a holder.
-func InstanceID() string {
+func instanceID() string {
 	host, _ := os.Hostname()
 	var nonce [4]byte
 	_, _ = rand.Read(nonce[:])
@@ -200,7 +200,7 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg.SessionTimeout = 10 * time.Second
 	}
 	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = WriteBudget
+		cfg.WriteTimeout = writeBudget
 	}
 	if lease := cfg.Decider.Policy().Lease(); lease < cfg.SettleWait+cfg.WriteTimeout {
 		return nil, fmt.Errorf("consumer: the lease (%v, twice pending_timeout) must outlast the settle wait (%v) plus a write (%v)", lease, cfg.SettleWait, cfg.WriteTimeout)
@@ -221,7 +221,7 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Instance == "" {
-		cfg.Instance = InstanceID()
+		cfg.Instance = instanceID()
 	}
 	p := &Pipeline{
 		cfg:      cfg,
@@ -598,7 +598,7 @@ func (f *prefetcher) wait() {
 // runPartition processes one assigned partition until its generation ends.
 // Once it ends, no new batch starts; the one in hand has DrainTimeout to
 // finish and commit.
-func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int32, partition int, offset int64) {
+func (p *Pipeline) runPartition(gen context.Context, commit committer, genID int32, partition int, offset int64) {
 	// A member that rejoins after a connection blip can get the same
 	// generation ID: the run number keeps its new run from passing for the
 	// old one, which may have a write of unknown outcome in flight.
@@ -727,7 +727,7 @@ func (p *Pipeline) runPartition(gen context.Context, commit Committer, genID int
 // again, and once their window ends they would be decided new (doc.go,
 // "Assumptions"). A refusal that cannot pass (authorization) stops the
 // pipeline. false: the partition's work ends.
-func (p *Pipeline) commit(ctx context.Context, pz *pauser, commit Committer, partition int, next int64) bool {
+func (p *Pipeline) commit(ctx context.Context, pz *pauser, commit committer, partition int, next int64) bool {
 	wait := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
 	for attempt := 1; ; attempt++ {
 		err := commit.CommitOffsets(map[string]map[int]int64{p.cfg.Input: {partition: next}})

@@ -104,9 +104,9 @@ type floors struct {
 // a result of the key's previous window to pass for this one's (doc.go).
 const floorsMaxAge = 2 * time.Second
 
-// WriteBudget is the longest one write of a batch's results may take (the
+// writeBudget is the longest one write of a batch's results may take (the
 // Kafka client's timeout): a lease must outlast it plus SettleWait.
-const WriteBudget = 10 * time.Second
+const writeBudget = 10 * time.Second
 
 func (p *Pipeline) newResults(pz *pauser, holder string, recs []dedupe.Record, fl *floors, wait bool) *results {
 	return &results{p: p, pz: pz, holder: holder, recs: recs, byRec: map[int]*firstCopy{}, floors: fl, wait: wait}

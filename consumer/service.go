@@ -104,7 +104,7 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 		return nil, err
 	}
 	fail := func(err error) (*Service, error) { return nil, errors.Join(err, closeStore()) }
-	store := InstrumentStore(rawStore, metrics)
+	store := instrumentStore(rawStore, metrics)
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
 	writer := sinks.NewKafka(client)
 	if writer.Compression, err = sinks.ParseCompression(cfg.Kafka.Compression); err != nil {
@@ -116,7 +116,7 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 	}
 	s := &Service{log: o.Logger, store: rawStore, closeFn: closeStore, transport: transport,
 		probe: storeProbe{store: rawStore}, settings: newSettingsCheck(cfg, rawStore, o.Logger, metrics), recheck: o.SettingsRecheck}
-	instance := InstanceID()
+	instance := instanceID()
 	for i, pc := range cfg.Pipelines {
 		pol, err := cfg.Policy(pc)
 		if err != nil {
@@ -125,10 +125,10 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 		// A successor may scan for a result only once a write of unknown
 		// outcome has settled: the lease must outlast a write plus the
 		// settle wait (doc.go).
-		if lease := pol.Lease(); lease < o.SettleWait+WriteBudget {
+		if lease := pol.Lease(); lease < o.SettleWait+writeBudget {
 			return fail(&schemas.FieldError{Field: fmt.Sprintf("pipelines[%d].pending_timeout", i),
 				Msg: fmt.Sprintf("%s makes a lease of %s, shorter than the settle wait (%s) plus %s for a write: raise pending_timeout or lower the settle wait",
-					pc.PendingTimeout, lease, o.SettleWait, WriteBudget)})
+					pc.PendingTimeout, lease, o.SettleWait, writeBudget)})
 		}
 		d, err := dedupe.NewDecider(pol, store)
 		if err != nil {

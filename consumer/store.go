@@ -8,9 +8,9 @@ import (
 	"github.com/idemstream/idemstream/dedupe"
 )
 
-// InstrumentStore times every store call and counts failures, under the
+// instrumentStore times every store call and counts failures, under the
 // op label (decide, complete, lookup).
-func InstrumentStore(s dedupe.Store, m *Metrics) dedupe.Store {
+func instrumentStore(s dedupe.Store, m *Metrics) dedupe.Store {
 	if m == nil {
 		return s
 	}

@@ -83,8 +83,6 @@ func newLogger(e *env, format, level string) (*slog.Logger, error) {
 // (TestGracePeriodCoversTheShutdown).
 const httpShutdownTimeout = 5 * time.Second
 
-// writeBudget is the time a produce may take (the client's timeout is 10s).
-const writeBudget = consumer.WriteBudget
 
 // service is everything `run` owns, built in order and closed in reverse:
 // the pipelines (consumer.Service) and the metrics server.
