@@ -13,9 +13,9 @@ import (
 )
 
 // Options are what a program that embeds idemstream must choose for one
-// pipeline; NewPipeline fills in the rest (the decider, the Kafka client and
-// the sinks). For TLS or SASL, or a Broker of your own, build a Config and
-// call New.
+// pipeline written in code; NewPipeline fills in the rest (the decider, the
+// Kafka client and the sinks). A configuration file, with TLS, SASL and
+// every Redis topology, is NewService's; a Broker of your own is New's.
 type Options struct {
 	// Brokers are Kafka's bootstrap addresses (PLAINTEXT).
 	Brokers []string
