@@ -67,10 +67,10 @@ bench-redis:
 # read of it (AUDIT_RECORDS=2000000 make bench-audit for a longer run).
 AUDIT_RECORDS ?= 1000000
 bench-audit:
-	go test ./dedupe/audit -run '^$$' -bench 'Analyzer1K|Replayer1K' -benchmem -count 3 | tee bench-audit.txt
-	go test ./dedupe/audit -run '^$$' -bench 'MemoryPerKey' -benchtime 1x | tee -a bench-audit.txt
+	go test ./audit -run '^$$' -bench 'Analyzer1K|Replayer1K' -benchmem -count 3 | tee bench-audit.txt
+	go test ./audit -run '^$$' -bench 'MemoryPerKey' -benchtime 1x | tee -a bench-audit.txt
 	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start kafka && \
-	  IDEMSTREAM_LOAD_AUDIT=1 IDEMSTREAM_LOAD_AUDIT_RECORDS=$(AUDIT_RECORDS) go test ./dedupe/audit -run TestLoadAuditVsPlainRead -count=1 -v -timeout 30m | grep -E "load_test|ok|FAIL" | tee -a bench-audit.txt'
+	  IDEMSTREAM_LOAD_AUDIT=1 IDEMSTREAM_LOAD_AUDIT_RECORDS=$(AUDIT_RECORDS) go test ./audit -run TestLoadAuditVsPlainRead -count=1 -v -timeout 30m | grep -E "load_test|ok|FAIL" | tee -a bench-audit.txt'
 
 # The full chaos run (a backlog of 30,000 keys on a private three-node
 # Kafka cluster, default timings, faults one at a time for 17-22 minutes); the short variant

@@ -34,6 +34,9 @@ type Kafka struct {
 	// message.max.bytes once decompressed: written back uncompressed, its
 	// result or dead letter would be refused.
 	Compression kafka.Compression
+	// MaxFetchBytes bounds the records one Fetch returns (at least one
+	// whole batch comes back, whatever its size).
+	MaxFetchBytes int
 
 	mu         sync.Mutex
 	partitions map[string]partitionCount
@@ -47,7 +50,7 @@ type partitionCount struct {
 // NewKafka returns a writer on client. It starts nothing.
 func NewKafka(client *kafka.Client) *Kafka {
 	return &Kafka{client: client, MaxRequestBytes: 512 << 10, PartitionsTTL: 30 * time.Second, Compression: DefaultCompression,
-		partitions: map[string]partitionCount{}}
+		MaxFetchBytes: 4 << 20, partitions: map[string]partitionCount{}}
 }
 
 // DefaultCompression is lz4: the codec producers pick most for throughput,
@@ -376,7 +379,7 @@ type Fetched struct {
 func (k *Kafka) Fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration) ([]Fetched, int64, error) {
 	res, err := k.client.Fetch(ctx, &kafka.FetchRequest{
 		Topic: topic, Partition: partition, Offset: offset,
-		MinBytes: 1, MaxBytes: 4 << 20, MaxWait: maxWait,
+		MinBytes: 1, MaxBytes: int64(k.MaxFetchBytes), MaxWait: maxWait,
 	})
 	if err == nil && res.Error != nil {
 		err = res.Error

@@ -16,7 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/idemstream/idemstream/dedupe/audit"
+	"github.com/idemstream/idemstream/audit"
 	"github.com/idemstream/idemstream/schemas"
 	"github.com/idemstream/idemstream/sinks"
 )
@@ -114,7 +114,7 @@ func cmdAudit(ctx context.Context, e *env, args []string) error {
 	}
 	defer transport.CloseIdleConnections()
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
-	src := &audit.KafkaTopic{Client: client, Topic: *topic, From: start, MaxRecords: *maxRecords}
+	src := &audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: *topic, From: start, MaxRecords: *maxRecords}
 	if isTerminal(e.stderr) {
 		src.Progress = progressLine(e.stderr)
 	}

@@ -10,8 +10,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/idemstream/idemstream/dedupe/audit"
-	"github.com/idemstream/idemstream/dedupe/audit/audittest"
+	"github.com/idemstream/idemstream/audit"
+	"github.com/idemstream/idemstream/audit/audittest"
 	"github.com/idemstream/idemstream/internal/testenv"
 	"github.com/idemstream/idemstream/schemas"
 )

@@ -83,7 +83,6 @@ func newLogger(e *env, format, level string) (*slog.Logger, error) {
 // (TestGracePeriodCoversTheShutdown).
 const httpShutdownTimeout = 5 * time.Second
 
-
 // service is everything `run` owns, built in order and closed in reverse:
 // the pipelines (consumer.Service) and the metrics server.
 type service struct {

@@ -15,9 +15,9 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/idemstream/idemstream/audit"
 	"github.com/idemstream/idemstream/consumer"
 	"github.com/idemstream/idemstream/dedupe"
-	"github.com/idemstream/idemstream/dedupe/audit"
 	"github.com/idemstream/idemstream/dedupe/memstore"
 	"github.com/idemstream/idemstream/schemas"
 	"github.com/idemstream/idemstream/sinks"
@@ -295,7 +295,7 @@ func auditTopic(ctx context.Context, client *kafka.Client, cfg *schemas.Config, 
 	if err != nil {
 		return AuditFindings{}, err
 	}
-	rep, err := audit.Run(ctx, &audit.KafkaTopic{Client: client, Topic: p.Input}, audit.Options{Policy: pol})
+	rep, err := audit.Run(ctx, &audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: p.Input}, audit.Options{Policy: pol})
 	if err != nil {
 		return AuditFindings{}, fmt.Errorf("audit %s: %w", p.Input, err)
 	}

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemstream/idemstream/audit"
+	"github.com/idemstream/idemstream/audit/audittest"
 	"github.com/idemstream/idemstream/dedupe"
-	"github.com/idemstream/idemstream/dedupe/audit"
-	"github.com/idemstream/idemstream/dedupe/audit/audittest"
 )
 
 func TestPlantedPatterns(t *testing.T) {

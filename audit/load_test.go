@@ -13,10 +13,11 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemstream/idemstream/audit"
+	"github.com/idemstream/idemstream/audit/audittest"
 	"github.com/idemstream/idemstream/dedupe"
-	"github.com/idemstream/idemstream/dedupe/audit"
-	"github.com/idemstream/idemstream/dedupe/audit/audittest"
 	"github.com/idemstream/idemstream/internal/testenv"
+	"github.com/idemstream/idemstream/sinks"
 )
 
 // TestLoadAuditVsPlainRead measures an audit of a topic of about 1 KB
@@ -100,7 +101,7 @@ func TestLoadAuditVsPlainRead(t *testing.T) {
 	// The audit's reader alone: fetch and merge, no analysis.
 	started, cpu0 = time.Now(), cpuTime()
 	var scanned int64
-	if err := (&audit.KafkaTopic{Client: client, Topic: topic}).Scan(ctx, func(*dedupe.Record) error { scanned++; return nil }); err != nil {
+	if err := (&audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: topic}).Scan(ctx, func(*dedupe.Record) error { scanned++; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	scanTime, scanCPU := time.Since(started), cpuTime()-cpu0
@@ -113,7 +114,7 @@ func TestLoadAuditVsPlainRead(t *testing.T) {
 		runtime.ReadMemStats(&m)
 		peak = max(peak, m.HeapAlloc)
 	}
-	src := &audit.KafkaTopic{Client: client, Topic: topic, Progress: func(p audit.Progress) {
+	src := &audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: topic, Progress: func(p audit.Progress) {
 		sample(p)
 		if p.Pass == 1 && p.Read == p.Total {
 			passAt = time.Now()
@@ -134,7 +135,7 @@ func TestLoadAuditVsPlainRead(t *testing.T) {
 	cpol.Rules = dedupe.CanonicalRules{Volatile: rep.Suggested.Volatile, Unordered: rep.Suggested.Unordered}
 	cpol.Window = rep.Suggested.Window.D()
 	started, cpu0 = time.Now(), cpuTime()
-	crep, err := audit.Run(ctx, &audit.KafkaTopic{Client: client, Topic: topic}, audit.Options{Policy: cpol, Configured: true})
+	crep, err := audit.Run(ctx, &audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: topic}, audit.Options{Policy: cpol, Configured: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,16 +2,13 @@ package audit
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/sinks"
 )
 
 // From is where a read starts: the earliest record a partition still
@@ -58,9 +55,12 @@ type Progress struct {
 // offsets seen when it first reads, or MaxRecords records, without a
 // consumer group and without committing anything: the topic and its
 // consumers are left as they were. It can be read again (Scan) and then
-// reads the same records in the same order.
+// reads the same records in the same order. It reads through sinks.Kafka,
+// as the consumer does; Scan fetches every partition at once, so the
+// first read lowers the Reader's MaxFetchBytes to keep the fetches in
+// flight near 64 MB.
 type KafkaTopic struct {
-	Client     *kafka.Client
+	Reader     *sinks.Kafka
 	Topic      string
 	From       From
 	MaxRecords int64
@@ -79,8 +79,7 @@ type partRange struct {
 	start, end int64
 }
 
-// Partitions resolves the range (if not done yet) and returns the number
-// of partitions of the topic.
+// Partitions returns the topic's partition count.
 func (k *KafkaTopic) Partitions(ctx context.Context) (int, error) {
 	k.once.Do(func() { k.err = k.resolve(ctx) })
 	return len(k.ranges), k.err
@@ -99,65 +98,33 @@ func (k *KafkaTopic) Total() int64 {
 }
 
 func (k *KafkaTopic) resolve(ctx context.Context) error {
-	md, err := k.Client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{k.Topic}})
+	n, err := k.Reader.Partitions(ctx, k.Topic)
 	if err != nil {
-		return fmt.Errorf("metadata of %s: %w", k.Topic, err)
-	}
-	n := 0
-	for _, t := range md.Topics {
-		if t.Name == k.Topic {
-			if t.Error != nil {
-				return fmt.Errorf("topic %s: %w", k.Topic, t.Error)
-			}
-			n = len(t.Partitions)
-		}
+		return fmt.Errorf("topic %s: %w", k.Topic, err)
 	}
 	if n == 0 {
 		return fmt.Errorf("topic %s has no partitions (does it exist?)", k.Topic)
 	}
-	list := func(req func(p int) kafka.OffsetRequest) (map[int]kafka.PartitionOffsets, error) {
-		reqs := make([]kafka.OffsetRequest, n)
-		for p := range n {
-			reqs[p] = req(p)
-		}
-		res, err := k.Client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{k.Topic: reqs}})
-		if err != nil {
-			return nil, fmt.Errorf("list offsets of %s: %w", k.Topic, err)
-		}
-		out := map[int]kafka.PartitionOffsets{}
-		for _, po := range res.Topics[k.Topic] {
-			if po.Error != nil {
-				return nil, fmt.Errorf("list offsets of %s/%d: %w", k.Topic, po.Partition, po.Error)
-			}
-			out[po.Partition] = po
-		}
-		return out, nil
+	k.Reader.MaxFetchBytes = min(max(64<<20/n, 256<<10), k.Reader.MaxFetchBytes)
+	parts := make([]int, n)
+	for p := range parts {
+		parts[p] = p
 	}
-	ends, err := list(kafka.LastOffsetOf)
+	ends, err := k.Reader.EndOffsets(ctx, k.Topic, parts)
 	if err != nil {
-		return err
+		return fmt.Errorf("list offsets of %s: %w", k.Topic, err)
 	}
-	var starts map[int]kafka.PartitionOffsets
+	var starts map[int]int64
 	if k.From.Time.IsZero() {
-		starts, err = list(kafka.FirstOffsetOf)
+		starts, err = k.Reader.StartOffsets(ctx, k.Topic, parts)
 	} else {
-		starts, err = list(func(p int) kafka.OffsetRequest { return kafka.TimeOffsetOf(p, k.From.Time) })
+		starts, err = k.Reader.OffsetsAt(ctx, k.Topic, parts, k.From.Time)
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("list offsets of %s: %w", k.Topic, err)
 	}
-	for p := range n {
-		end := ends[p].LastOffset
-		start := starts[p].FirstOffset
-		if !k.From.Time.IsZero() {
-			start = end // nothing at or after the time
-			for off := range starts[p].Offsets {
-				if off >= 0 {
-					start = min(off, end)
-				}
-			}
-		}
-		k.ranges = append(k.ranges, partRange{partition: p, start: max(start, 0), end: end})
+	for _, p := range parts {
+		k.ranges = append(k.ranges, partRange{partition: p, start: max(min(starts[p], ends[p]), 0), end: ends[p]})
 	}
 	return nil
 }
@@ -177,9 +144,6 @@ func (k *KafkaTopic) Scan(ctx context.Context, fn func(*dedupe.Record) error) er
 	pass, total := k.passes, k.Total()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Fetch sizes shrink with the partition count so that the batches in
-	// flight stay near 64 MB.
-	maxBytes := min(max(64<<20/len(k.ranges), 256<<10), 4<<20)
 	chans := make([]chan fetched, len(k.ranges))
 	var wg sync.WaitGroup
 	for i, r := range k.ranges {
@@ -188,7 +152,7 @@ func (k *KafkaTopic) Scan(ctx context.Context, fn func(*dedupe.Record) error) er
 		go func() {
 			defer wg.Done()
 			defer close(chans[i])
-			k.fetchLoop(ctx, r, maxBytes, chans[i])
+			k.fetchLoop(ctx, r, chans[i])
 		}()
 	}
 	defer wg.Wait()
@@ -255,7 +219,7 @@ func (k *KafkaTopic) Scan(ctx context.Context, fn func(*dedupe.Record) error) er
 }
 
 // fetchLoop reads one partition's range in batches.
-func (k *KafkaTopic) fetchLoop(ctx context.Context, r partRange, maxBytes int, out chan<- fetched) {
+func (k *KafkaTopic) fetchLoop(ctx context.Context, r partRange, out chan<- fetched) {
 	send := func(f fetched) bool {
 		select {
 		case out <- f:
@@ -266,27 +230,25 @@ func (k *KafkaTopic) fetchLoop(ctx context.Context, r partRange, maxBytes int, o
 	}
 	off, empty := r.start, 0
 	for off < r.end {
-		res, err := k.Client.Fetch(ctx, &kafka.FetchRequest{
-			Topic: k.Topic, Partition: r.partition, Offset: off,
-			MinBytes: 1, MaxBytes: int64(maxBytes), MaxWait: 100 * time.Millisecond,
-		})
-		if err == nil && res.Error != nil {
-			err = res.Error
-		}
-		var recs []dedupe.Record
-		if err == nil {
-			recs, err = k.decode(res.Records, r, off)
-		}
+		got, hw, err := k.Reader.Fetch(ctx, k.Topic, r.partition, off, 100*time.Millisecond)
 		if err != nil {
 			if ctx.Err() == nil {
-				send(fetched{err: fmt.Errorf("fetch %s/%d from %d: %w", k.Topic, r.partition, off, err)})
+				send(fetched{err: err})
 			}
 			return
+		}
+		recs := make([]dedupe.Record, 0, len(got))
+		for _, f := range got {
+			if f.Offset >= r.end {
+				break
+			}
+			recs = append(recs, dedupe.Record{Topic: k.Topic, Partition: r.partition, Offset: f.Offset, Time: f.Time,
+				Key: f.Key, Value: f.Value, Headers: f.Headers})
 		}
 		if len(recs) == 0 {
 			// Offsets can be skipped (compaction, transaction markers):
 			// an empty answer with nothing left below the end is the end.
-			if empty++; empty >= 3 || (res.HighWatermark > 0 && off >= res.HighWatermark) {
+			if empty++; empty >= 3 || (hw > 0 && off >= hw) {
 				return
 			}
 			continue
@@ -296,45 +258,5 @@ func (k *KafkaTopic) fetchLoop(ctx context.Context, r partRange, maxBytes int, o
 		if !send(fetched{recs: recs}) {
 			return
 		}
-	}
-}
-
-func (k *KafkaTopic) decode(rr kafka.RecordReader, r partRange, from int64) ([]dedupe.Record, error) {
-	if rr == nil {
-		return nil, nil
-	}
-	var out []dedupe.Record
-	for {
-		rec, err := rr.ReadRecord()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if rec.Offset < from {
-			continue // a fetch returns whole batches
-		}
-		if rec.Offset >= r.end {
-			return out, nil
-		}
-		d := dedupe.Record{Topic: k.Topic, Partition: r.partition, Offset: rec.Offset, Time: rec.Time}
-		if rec.Key != nil {
-			if d.Key, err = kafka.ReadAll(rec.Key); err != nil {
-				return nil, err
-			}
-		}
-		if rec.Value != nil {
-			if d.Value, err = kafka.ReadAll(rec.Value); err != nil {
-				return nil, err
-			}
-		}
-		if len(rec.Headers) > 0 {
-			d.Headers = make([]dedupe.Header, len(rec.Headers))
-			for i, h := range rec.Headers {
-				d.Headers[i] = dedupe.Header{Key: h.Key, Value: append([]byte(nil), h.Value...)}
-			}
-		}
-		out = append(out, d)
 	}
 }

@@ -8,10 +8,11 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/idemstream/idemstream/audit"
+	"github.com/idemstream/idemstream/audit/audittest"
 	"github.com/idemstream/idemstream/dedupe"
-	"github.com/idemstream/idemstream/dedupe/audit"
-	"github.com/idemstream/idemstream/dedupe/audit/audittest"
 	"github.com/idemstream/idemstream/internal/testenv"
+	"github.com/idemstream/idemstream/sinks"
 )
 
 func fakeCluster(t *testing.T, partitions int32, topics ...string) *kafka.Client {
@@ -31,7 +32,7 @@ func TestKafkaTopicPlantedPatterns(t *testing.T) {
 	p := audittest.Plant("claims", 3)
 	audittest.Produce(t, client, "claims", p.Records)
 	var progress []audit.Progress
-	src := &audit.KafkaTopic{Client: client, Topic: "claims", Progress: func(pr audit.Progress) { progress = append(progress, pr) }}
+	src := &audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: "claims", Progress: func(pr audit.Progress) { progress = append(progress, pr) }}
 	r, err := audit.Run(context.Background(), src, audit.Options{Policy: audittest.Policy(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -65,21 +66,21 @@ func TestKafkaTopicFromAndMaxRecords(t *testing.T) {
 		}
 		return n, first
 	}
-	if n, _ := count(&audit.KafkaTopic{Client: client, Topic: "claims", MaxRecords: 100}); n != 100 {
+	if n, _ := count(&audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: "claims", MaxRecords: 100}); n != 100 {
 		t.Errorf("--max-records 100 read %d records", n)
 	}
 	// The last two records are the keys reused three hours later.
 	late := p.Records[len(p.Records)-1].Time.Add(-time.Second)
-	n, first := count(&audit.KafkaTopic{Client: client, Topic: "claims", From: audit.From{Time: late.Add(-2 * time.Second)}})
+	n, first := count(&audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: "claims", From: audit.From{Time: late.Add(-2 * time.Second)}})
 	if n != 2 || first.Before(late.Add(-2*time.Second)) {
 		t.Errorf("--from %s read %d records from %s, want the 2 late ones", late, n, first)
 	}
-	if n, _ := count(&audit.KafkaTopic{Client: client, Topic: "claims", From: audit.From{Time: time.Now().Add(time.Hour)}}); n != 0 {
+	if n, _ := count(&audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: "claims", From: audit.From{Time: time.Now().Add(time.Hour)}}); n != 0 {
 		t.Errorf("--from in the future read %d records", n)
 	}
 
 	// The same source read twice gives the same records in the same order.
-	src := &audit.KafkaTopic{Client: client, Topic: "claims", MaxRecords: 300}
+	src := &audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: "claims", MaxRecords: 300}
 	var a, b []string
 	for _, into := range []*[]string{&a, &b} {
 		if err := src.Scan(ctx, func(r *dedupe.Record) error { *into = append(*into, r.Source()); return nil }); err != nil {
@@ -95,7 +96,7 @@ func TestKafkaTopicFromAndMaxRecords(t *testing.T) {
 		}
 	}
 
-	if _, err := (&audit.KafkaTopic{Client: client, Topic: "nope"}).Partitions(ctx); err == nil {
+	if _, err := (&audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: "nope"}).Partitions(ctx); err == nil {
 		t.Error("a topic that does not exist was read")
 	}
 }
@@ -132,7 +133,7 @@ func TestRealKafkaPlantedPatterns(t *testing.T) {
 	p := audittest.Plant(topic, 3)
 	audittest.Produce(t, client, topic, p.Records)
 
-	r, err := audit.Run(context.Background(), &audit.KafkaTopic{Client: client, Topic: topic}, audit.Options{Policy: audittest.Policy(t)})
+	r, err := audit.Run(context.Background(), &audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: topic}, audit.Options{Policy: audittest.Policy(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func TestRealKafkaPlantedPatterns(t *testing.T) {
 	// --from a time: offsets by timestamp (ListOffsets with a time).
 	late := p.Records[len(p.Records)-1].Time.Add(-3 * time.Second)
 	var n int
-	if err := (&audit.KafkaTopic{Client: client, Topic: topic, From: audit.From{Time: late}}).Scan(context.Background(),
+	if err := (&audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: topic, From: audit.From{Time: late}}).Scan(context.Background(),
 		func(*dedupe.Record) error { n++; return nil }); err != nil {
 		t.Fatal(err)
 	}

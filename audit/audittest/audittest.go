@@ -16,8 +16,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemstream/idemstream/audit"
 	"github.com/idemstream/idemstream/dedupe"
-	"github.com/idemstream/idemstream/dedupe/audit"
 )
 
 // Planted is a command topic whose retries, conflicts, reuses and garbage
