@@ -41,13 +41,10 @@ type HandlerFunc func(ctx context.Context, cmd Command) (Result, error)
 // Handle calls f.
 func (f HandlerFunc) Handle(ctx context.Context, cmd Command) (Result, error) { return f(ctx, cmd) }
 
-// Forward is the default handler: the result is the command, byte for
-// byte, for a downstream system that acts on de-duplicated commands.
-var Forward Handler = forwardHandler{}
-
-type forwardHandler struct{}
-
-func (forwardHandler) Handle(_ context.Context, cmd Command) (Result, error) {
+// Forward is the default handler (HandlerFunc(Forward)): the result is
+// the command, byte for byte, for a downstream system that acts on
+// de-duplicated commands.
+func Forward(_ context.Context, cmd Command) (Result, error) {
 	return Result{Value: cmd.Record.Value}, nil
 }
 

@@ -185,7 +185,7 @@ func New(cfg Config) (*Pipeline, error) {
 		return nil, errors.New("consumer: decider, store and broker are required")
 	}
 	if cfg.Handler == nil {
-		cfg.Handler = Forward
+		cfg.Handler = HandlerFunc(Forward)
 	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = DefaultBatchSize

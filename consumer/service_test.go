@@ -136,7 +136,7 @@ func TestServiceRefusesUnsafeRedisSettings(t *testing.T) {
 // A handler for a pipeline the configuration does not have is a mistake.
 func TestServiceRefusesAHandlerForNoPipeline(t *testing.T) {
 	cfg := serviceConfig(t, "127.0.0.1:1")
-	_, err := consumer.NewService(cfg, consumer.ServiceOptions{Handlers: map[string]consumer.Handler{"q": consumer.Forward}})
+	_, err := consumer.NewService(cfg, consumer.ServiceOptions{Handlers: map[string]consumer.Handler{"q": consumer.HandlerFunc(consumer.Forward)}})
 	if err == nil || !strings.Contains(err.Error(), `"q"`) {
 		t.Fatalf("NewService = %v, want an error naming pipeline q", err)
 	}

@@ -13,8 +13,6 @@
 //	reason, _ := sinks.HeaderValue(headers, sinks.HeaderReason) // on a dead letter: conflict, handler_failed, ...
 //	why, _ := sinks.HeaderValue(headers, sinks.HeaderError)     // one readable sentence
 //
-// [FromKafka] turns kafka-go headers into the []dedupe.Header these take.
-//
 // # Building the records
 //
 // [Result], [DeadLetter] and [Reply] build the records from an input

@@ -341,11 +341,11 @@ func toKafka(hs []dedupe.Header) []kafka.Header {
 	return out
 }
 
-// FromKafka copies fetched headers, so that nothing a record keeps points
+// fromKafka copies fetched headers, so that nothing a record keeps points
 // into memory kafka-go owns. (kafka-go 0.4 decodes header values into
 // slices of their own, but nothing in its API promises it; keys and
 // values, read through its Bytes, live in pooled pages.)
-func FromKafka(hs []kafka.Header) []dedupe.Header {
+func fromKafka(hs []kafka.Header) []dedupe.Header {
 	out := make([]dedupe.Header, len(hs))
 	n := 0
 	for _, h := range hs {
@@ -514,7 +514,7 @@ func drain(rr kafka.RecordReader, from int64) ([]Fetched, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, Fetched{Offset: r.Offset, Time: r.Time, Message: Message{Key: key, Value: value, Headers: FromKafka(r.Headers)}})
+		out = append(out, Fetched{Offset: r.Offset, Time: r.Time, Message: Message{Key: key, Value: value, Headers: fromKafka(r.Headers)}})
 	}
 }
 

@@ -52,7 +52,7 @@ func TestCompleteFallsBackToTheScriptWhenAnEntryChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	taken := mine[watchChunk+3] // in the second transaction
-	takenName := s.RedisKey("p", taken.Key)
+	takenName := s.redisKey("p", taken.Key)
 	var mu sync.Mutex
 	var execs, takeovers int
 	beforeExec = func(names []string) {
@@ -152,7 +152,7 @@ func TestCompleteRetryIsNotAcknowledgedWithoutTheReplica(t *testing.T) {
 			if _, err := store().Complete(ctx, comps); err != nil {
 				t.Fatalf("after the link is back: %v", err)
 			}
-			onReplica, err := testenv.RedisCommand(replica.Addr, "GET", s.RedisKey("p", "k000"))
+			onReplica, err := testenv.RedisCommand(replica.Addr, "GET", s.redisKey("p", "k000"))
 			if err != nil || !strings.HasPrefix(onReplica, "SUCCESS") {
 				t.Errorf("replica holds %.20q (%v), want SUCCESS", onReplica, err)
 			}
@@ -200,7 +200,7 @@ func TestCompleteOfTwoKeysUnderOneName(t *testing.T) {
 	for _, foreignFirst := range []bool{false, true} {
 		t.Run(fmt.Sprint("foreign first ", foreignFirst), func(t *testing.T) {
 			s := New(c, fmt.Sprintf("samename%d", time.Now().UnixNano()))
-			if s.RedisKey("p", "a:b") != s.RedisKey("p:a", "b") {
+			if s.redisKey("p", "a:b") != s.redisKey("p:a", "b") {
 				t.Fatal("the two keys do not share a name: the test proves nothing")
 			}
 			ctx := context.Background()
@@ -277,12 +277,12 @@ func TestCompleteLeavesNoWatchOnItsConnection(t *testing.T) {
 		// Another client changes an entry the completion watched; a
 		// transaction that watches nothing, on the pooled connection (the
 		// way completeChunk takes one), must still run.
-		if err := other.Set(ctx, s.RedisKey("p", "k3"), "changed", time.Minute).Err(); err != nil {
+		if err := other.Set(ctx, s.redisKey("p", "k3"), "changed", time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
 		err := c.Watch(ctx, func(tx *redis.Tx) error {
 			_, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				p.Set(ctx, s.RedisKey("p", "unrelated"), "v", time.Minute)
+				p.Set(ctx, s.redisKey("p", "unrelated"), "v", time.Minute)
 				return nil
 			})
 			return err
@@ -292,7 +292,7 @@ func TestCompleteLeavesNoWatchOnItsConnection(t *testing.T) {
 		} else if err != nil {
 			t.Fatal(err)
 		}
-		if err := other.Del(ctx, s.RedisKey("p", "k3")).Err(); err != nil {
+		if err := other.Del(ctx, s.redisKey("p", "k3")).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -501,8 +501,8 @@ func TestUnsentCommandsCarryTheError(t *testing.T) {
 	s := New(c, fmt.Sprintf("unsent%d", time.Now().UnixNano()), WithReplicas(1, 20*time.Millisecond))
 	ctx := context.Background()
 	cmds := []redis.Cmder{
-		redis.NewCmd(ctx, "SET", s.RedisKey("p", "a"), "v", "NX"),
-		redis.NewCmd(ctx, "SET", s.RedisKey("p", "b"), "v", "NX"),
+		redis.NewCmd(ctx, "SET", s.redisKey("p", "a"), "v", "NX"),
+		redis.NewCmd(ctx, "SET", s.redisKey("p", "b"), "v", "NX"),
 	}
 	execErr, _, acked := s.nodeRoundTrip(ctx, "decide", c, cmds)
 	if execErr == nil || acked {
@@ -513,7 +513,7 @@ func TestUnsentCommandsCarryTheError(t *testing.T) {
 			t.Errorf("command %d: no error, though it was not sent", i)
 		}
 	}
-	if n, err := c.Exists(ctx, s.RedisKey("p", "a"), s.RedisKey("p", "b")).Result(); err != nil || n != 0 {
+	if n, err := c.Exists(ctx, s.redisKey("p", "a"), s.redisKey("p", "b")).Result(); err != nil || n != 0 {
 		t.Errorf("EXISTS: %d, %v; want nothing written", n, err)
 	}
 }

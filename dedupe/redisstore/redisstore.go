@@ -58,8 +58,10 @@ func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 	return s
 }
 
-// RedisKey is the name of the hash that holds a key's entry.
-func (s *Store) RedisKey(namespace, key string) string {
+// redisKey is the name of the Redis string that holds a key's entry: the
+// namespace and key in one hash tag, so that a Cluster keeps it on one
+// slot; a key too long for a name is replaced by its SHA-256.
+func (s *Store) redisKey(namespace, key string) string {
 	if len(key) > maxKeyInName {
 		sum := sha256.Sum256([]byte(key))
 		key = "sha256:" + hex.EncodeToString(sum[:])
@@ -91,7 +93,7 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		if err := checkFields(r); err != nil {
 			return nil, err
 		}
-		names[i] = s.RedisKey(r.Namespace, r.Key)
+		names[i] = s.redisKey(r.Namespace, r.Key)
 	}
 	// A renewal must not create an entry: no SET NX for it. Nor does a
 	// Cluster take the SET NX path: its entries carry absolute times (the
@@ -416,7 +418,7 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 	}
 	names := make([]string, len(comps))
 	for i, c := range comps {
-		names[i] = s.RedisKey(c.Namespace, c.Key)
+		names[i] = s.redisKey(c.Namespace, c.Key)
 	}
 	// With replica acknowledgement every call goes to the script: one
 	// WAIT per node behind it, and a retry rewrites what it finds already
@@ -702,7 +704,7 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 func (s *Store) Lookup(ctx context.Context, namespace, key string) (dedupe.Entry, bool, error) {
 	var e dedupe.Entry
 	var found bool
-	err := s.runGroups(ctx, "lookup", lookupScript, []string{s.RedisKey(namespace, key)}, [][]any{nil}, nil, nil, func(_ []int, rep []any) error {
+	err := s.runGroups(ctx, "lookup", lookupScript, []string{s.redisKey(namespace, key)}, [][]any{nil}, nil, nil, func(_ []int, rep []any) error {
 		if len(rep) < 2 {
 			return nil
 		}

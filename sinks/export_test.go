@@ -1,0 +1,4 @@
+package sinks
+
+// FromKafka is fromKafka, for the black-box tests.
+var FromKafka = fromKafka
