@@ -121,7 +121,7 @@ func TestReplyTooLargeIsSkippedNotCut(t *testing.T) {
 	if n := len(r.readAll("replies")); n != 0 {
 		t.Errorf("%d replies written for a result the topic cannot take whole, want none", n)
 	}
-	if got := testutil.ToFloat64(r.metrics.RepliesSkipped.WithLabelValues("p", "too_large")); got != 1 {
+	if got := testutil.ToFloat64(r.metrics.RepliesSkipped().WithLabelValues("p", "too_large")); got != 1 {
 		t.Errorf("replies_skipped_total{reason=too_large} = %v, want 1", got)
 	}
 }

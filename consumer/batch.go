@@ -76,7 +76,7 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 		}
 	}
 	if m := p.cfg.Metrics; m != nil {
-		m.DecisionSeconds.WithLabelValues(p.cfg.Name).Observe(time.Since(fetched).Seconds())
+		m.decisionSeconds.WithLabelValues(p.cfg.Name).Observe(time.Since(fetched).Seconds())
 	}
 	return nil
 }
@@ -221,15 +221,15 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 
 	if m != nil {
 		for kind, n := range counts {
-			m.Records.WithLabelValues(p.cfg.Name, string(kind)).Add(float64(n))
+			m.records.WithLabelValues(p.cfg.Name, string(kind)).Add(float64(n))
 		}
 		for reason, n := range reasons {
-			m.DLQRecords.WithLabelValues(p.cfg.Name, string(reason)).Add(float64(n))
+			m.dlqRecords.WithLabelValues(p.cfg.Name, string(reason)).Add(float64(n))
 		}
 		for reason, n := range skipped {
-			m.RepliesSkipped.WithLabelValues(p.cfg.Name, reason).Add(float64(n))
+			m.repliesSkipped.WithLabelValues(p.cfg.Name, reason).Add(float64(n))
 		}
-		m.LenientMismatch.WithLabelValues(p.cfg.Name).Add(float64(mismatches))
+		m.lenientMismatch.WithLabelValues(p.cfg.Name).Add(float64(mismatches))
 	}
 	p.logBurst(reasons, rulesChange, skipped)
 	return r.deferred, r.tail, nil
@@ -399,7 +399,7 @@ func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic
 				again = append(again, i)
 				if tries[i] == 1 {
 					if m := p.cfg.Metrics; m != nil {
-						m.RecordsTrimmed.WithLabelValues(p.cfg.Name).Inc()
+						m.recordsTrimmed.WithLabelValues(p.cfg.Name).Inc()
 					}
 					p.log.Warn("a "+what+" record was too large for its topic; writing it trimmed", "topic", topic, "source", sourceOf(msgs[i]), "err", w.Err)
 				}

@@ -9,93 +9,93 @@ import (
 // Metrics are the Prometheus series of deploy/README.md ("Metrics"). They live on an
 // injected Registerer so that tests and embedding programs keep their own.
 type Metrics struct {
-	Records         *prometheus.CounterVec
-	DLQRecords      *prometheus.CounterVec
-	LenientMismatch *prometheus.CounterVec
-	Lag             *prometheus.GaugeVec
-	DecisionSeconds *prometheus.HistogramVec
-	StoreSeconds    *prometheus.HistogramVec
-	StoreErrors     *prometheus.CounterVec
-	Rebalances      *prometheus.CounterVec
-	Inflight        *prometheus.GaugeVec
-	BuildInfo       *prometheus.GaugeVec
-	// RepliesSkipped counts replays that got no reply record, by reason:
+	records         *prometheus.CounterVec
+	dlqRecords      *prometheus.CounterVec
+	lenientMismatch *prometheus.CounterVec
+	lag             *prometheus.GaugeVec
+	decisionSeconds *prometheus.HistogramVec
+	storeSeconds    *prometheus.HistogramVec
+	storeErrors     *prometheus.CounterVec
+	rebalances      *prometheus.CounterVec
+	inflight        *prometheus.GaugeVec
+	buildInfo       *prometheus.GaugeVec
+	// repliesSkipped counts replays that got no reply record, by reason:
 	// pending (the key has no result yet), failed (its first copy failed),
 	// unreadable (the stored result is gone from the output topic),
 	// too_large (the replies topic refused the result for its size).
-	RepliesSkipped *prometheus.CounterVec
-	// ScanFloorTruncated counts recovery scans whose floor the output
+	repliesSkipped *prometheus.CounterVec
+	// scanFloorTruncated counts recovery scans whose floor the output
 	// partition no longer held (retention or DeleteRecords).
-	ScanFloorTruncated *prometheus.CounterVec
-	// BatchesAbandoned counts batches that ended before their outcomes
+	scanFloorTruncated *prometheus.CounterVec
+	// batchesAbandoned counts batches that ended before their outcomes
 	// were durable (revoked past the drain time, fenced, a store or broker
 	// refusal): their records are read again.
-	BatchesAbandoned *prometheus.CounterVec
-	// CommitErrors counts offset commits that failed (each is retried).
-	CommitErrors *prometheus.CounterVec
-	// RecordsTrimmed counts dead letters and replies written with less
+	batchesAbandoned *prometheus.CounterVec
+	// commitErrors counts offset commits that failed (each is retried).
+	commitErrors *prometheus.CounterVec
+	// recordsTrimmed counts dead letters and replies written with less
 	// than the whole input record, because the topic refused them for
 	// their size.
-	RecordsTrimmed *prometheus.CounterVec
-	// StoreSettingsOK is 1 while the last check of the Redis settings
+	recordsTrimmed *prometheus.CounterVec
+	// storeSettingsOK is 1 while the last check of the Redis settings
 	// (store.redis.check_server, at start and every minute) passed, 0
 	// while it refused them or could not run; absent when nothing is
 	// checked (a memory store, check_server: false). No labels.
-	StoreSettingsOK *prometheus.GaugeVec
+	storeSettingsOK *prometheus.GaugeVec
 
-	// StoreReplicaAckFailures counts store calls whose writes too few
+	// storeReplicaAckFailures counts store calls whose writes too few
 	// replicas acknowledged in time (store.redis.min_replicas); each is
 	// also a store error.
-	StoreReplicaAckFailures *prometheus.CounterVec
+	storeReplicaAckFailures *prometheus.CounterVec
 }
 
 // NewMetrics creates the series and registers them on reg.
 func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 	const ns = "idemstream"
 	m := &Metrics{
-		Records: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "records_total",
+		records: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "records_total",
 			Help: "Input records by outcome; first+replay+conflict+invalid+failed = records consumed."}, []string{"pipeline", "outcome"}),
-		DLQRecords: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dlq_records_total",
+		dlqRecords: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dlq_records_total",
 			Help: "Records written to the dead-letter topic, by reason."}, []string{"pipeline", "reason"}),
-		LenientMismatch: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "lenient_mismatch_total",
+		lenientMismatch: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "lenient_mismatch_total",
 			Help: "Lenient replays whose body differed from the first copy's."}, []string{"pipeline"}),
-		Lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "consumer_lag",
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "consumer_lag",
 			Help: "Records behind the high watermark, per partition this instance owns."}, []string{"pipeline", "partition"}),
-		DecisionSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "decision_duration_seconds",
+		decisionSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "decision_duration_seconds",
 			Help: "From fetch to commit-ready, per batch.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"pipeline"}),
-		StoreSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "store_duration_seconds",
+		storeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "store_duration_seconds",
 			Help: "Store calls, per operation.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"op"}),
-		StoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_errors_total",
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_errors_total",
 			Help: "Store calls that failed, per operation."}, []string{"op"}),
-		StoreReplicaAckFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_replica_ack_failures_total",
+		storeReplicaAckFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "store_replica_ack_failures_total",
 			Help: "Store calls whose writes fewer than store.redis.min_replicas replicas acknowledged in time (also counted as store errors)."}, []string{"op"}),
-		Rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "rebalances_total",
+		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "rebalances_total",
 			Help: "Consumer group generations joined."}, []string{"pipeline"}),
-		Inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_records",
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_records",
 			Help: "Records fetched and not yet committed."}, []string{"pipeline"}),
-		BuildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
 			Help: "Always 1; the labels say what runs."}, []string{"version", "go_version"}),
-		RepliesSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "replies_skipped_total",
+		repliesSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "replies_skipped_total",
 			Help: "Replays that got no reply record, by reason (pending, failed, unreadable, too_large)."}, []string{"pipeline", "reason"}),
-		ScanFloorTruncated: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "scan_floor_truncated_total",
+		scanFloorTruncated: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "scan_floor_truncated_total",
 			Help: "Recovery scans whose floor the output partition no longer held."}, []string{"pipeline"}),
-		BatchesAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_abandoned_total",
+		batchesAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "batches_abandoned_total",
 			Help: "Batches that ended before their outcomes were durable; their records are read again."}, []string{"pipeline"}),
-		CommitErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "commit_errors_total",
+		commitErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "commit_errors_total",
 			Help: "Offset commits that failed; each is retried while the partition is owned."}, []string{"pipeline"}),
-		RecordsTrimmed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "records_trimmed_total",
+		recordsTrimmed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "records_trimmed_total",
 			Help: "Dead letters and replies written without their whole payload (or key and headers): the topic refused them for their size."}, []string{"pipeline"}),
-		StoreSettingsOK: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "store_settings_ok",
+		storeSettingsOK: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "store_settings_ok",
 			Help: "1 while the last check of the Redis settings (store.redis.check_server) passed, 0 while it refused them or could not run."}, nil),
 	}
-	for _, c := range []prometheus.Collector{m.Records, m.DLQRecords, m.LenientMismatch, m.Lag, m.DecisionSeconds,
-		m.StoreSeconds, m.StoreErrors, m.StoreReplicaAckFailures, m.Rebalances, m.Inflight, m.BuildInfo, m.RepliesSkipped, m.ScanFloorTruncated, m.BatchesAbandoned,
-		m.CommitErrors, m.RecordsTrimmed, m.StoreSettingsOK} {
+	for _, c := range []prometheus.Collector{m.records, m.dlqRecords, m.lenientMismatch, m.lag, m.decisionSeconds,
+		m.storeSeconds, m.storeErrors, m.storeReplicaAckFailures, m.rebalances, m.inflight, m.buildInfo, m.repliesSkipped, m.scanFloorTruncated, m.batchesAbandoned,
+		m.commitErrors, m.recordsTrimmed, m.storeSettingsOK} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	m.BuildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	m.buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	return m, nil
 }
 
@@ -103,25 +103,25 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 // rates and the accounting identity work from the first scrape.
 func (m *Metrics) initPipeline(name string, reasons []string) {
 	for _, o := range []string{"first", "replay", "conflict", "invalid", "failed"} {
-		m.Records.WithLabelValues(name, o)
+		m.records.WithLabelValues(name, o)
 	}
 	for _, r := range reasons {
-		m.DLQRecords.WithLabelValues(name, r)
+		m.dlqRecords.WithLabelValues(name, r)
 	}
-	m.LenientMismatch.WithLabelValues(name)
-	m.Rebalances.WithLabelValues(name)
-	m.Inflight.WithLabelValues(name)
+	m.lenientMismatch.WithLabelValues(name)
+	m.rebalances.WithLabelValues(name)
+	m.inflight.WithLabelValues(name)
 	for _, r := range []string{"pending", "failed", "unreadable", "too_large"} {
-		m.RepliesSkipped.WithLabelValues(name, r)
+		m.repliesSkipped.WithLabelValues(name, r)
 	}
-	m.ScanFloorTruncated.WithLabelValues(name)
-	m.BatchesAbandoned.WithLabelValues(name)
-	m.CommitErrors.WithLabelValues(name)
-	m.RecordsTrimmed.WithLabelValues(name)
+	m.scanFloorTruncated.WithLabelValues(name)
+	m.batchesAbandoned.WithLabelValues(name)
+	m.commitErrors.WithLabelValues(name)
+	m.recordsTrimmed.WithLabelValues(name)
 	for _, op := range []string{"decide", "complete", "lookup"} {
-		m.StoreErrors.WithLabelValues(op)
+		m.storeErrors.WithLabelValues(op)
 	}
 	for _, op := range []string{"decide", "complete"} {
-		m.StoreReplicaAckFailures.WithLabelValues(op)
+		m.storeReplicaAckFailures.WithLabelValues(op)
 	}
 }

@@ -315,8 +315,8 @@ func (p *Pipeline) Run(parent context.Context) error {
 		}
 		p.log.Info("rebalance: generation joined", "group", p.cfg.Group, "generation", gen.ID, "partitions", parts)
 		if m := p.cfg.Metrics; m != nil {
-			m.Rebalances.WithLabelValues(p.cfg.Name).Inc()
-			m.Lag.DeletePartialMatch(map[string]string{"pipeline": p.cfg.Name})
+			m.rebalances.WithLabelValues(p.cfg.Name).Inc()
+			m.lag.DeletePartialMatch(map[string]string{"pipeline": p.cfg.Name})
 		}
 		commits := newSharedCommitter(gen)
 		for _, a := range assigned {
@@ -687,7 +687,7 @@ func (p *Pipeline) runPartition(gen context.Context, commit committer, genID int
 				continue
 			}
 			if m := p.cfg.Metrics; m != nil {
-				m.BatchesAbandoned.WithLabelValues(p.cfg.Name).Inc()
+				m.batchesAbandoned.WithLabelValues(p.cfg.Name).Inc()
 			}
 			if ctx.Err() != nil {
 				log.Info("revoked: the batch in hand did not finish within the drain time; its records go to the next owner",
@@ -736,7 +736,7 @@ func (p *Pipeline) commit(ctx context.Context, pz *pauser, commit committer, par
 			return true
 		}
 		if m := p.cfg.Metrics; m != nil {
-			m.CommitErrors.WithLabelValues(p.cfg.Name).Inc()
+			m.commitErrors.WithLabelValues(p.cfg.Name).Inc()
 		}
 		if ctx.Err() != nil {
 			pz.log.Warn("offset commit failed as the partition was revoked; its records are read again", "offset", next, "err", err)
@@ -791,7 +791,7 @@ func (b *backoff) reset() { b.cur = 0 }
 // inflight counts records fetched and not yet committed (or dropped).
 func (p *Pipeline) inflight(delta int) {
 	if p.cfg.Metrics != nil {
-		p.cfg.Metrics.Inflight.WithLabelValues(p.cfg.Name).Add(float64(delta))
+		p.cfg.Metrics.inflight.WithLabelValues(p.cfg.Name).Add(float64(delta))
 	}
 }
 
@@ -809,7 +809,7 @@ func (p *Pipeline) setLag(partition int, hw, offset int64, recs []sinks.Fetched)
 		}
 	}
 	lag := max(hw-offset, 0)
-	p.cfg.Metrics.Lag.WithLabelValues(p.cfg.Name, strconv.Itoa(partition)).Set(float64(lag))
+	p.cfg.Metrics.lag.WithLabelValues(p.cfg.Name, strconv.Itoa(partition)).Set(float64(lag))
 }
 
 // pauser tracks one partition's pause: while its store or broker calls

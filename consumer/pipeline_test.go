@@ -135,7 +135,7 @@ func (r *rig) readAll(topic string) []sinks.Fetched {
 }
 
 func (r *rig) count(pipeline, outcome string) int {
-	return int(testutil.ToFloat64(r.metrics.Records.WithLabelValues(pipeline, outcome)))
+	return int(testutil.ToFloat64(r.metrics.Records().WithLabelValues(pipeline, outcome)))
 }
 
 // waitFor polls cond until it holds or the deadline passes.
@@ -221,7 +221,7 @@ func TestEveryOutcomeOnOnePipeline(t *testing.T) {
 		header(c, "idemstream-conflict-paths") != "/amount" || header(c, "idemstream-first-fingerprint") == header(c, "idemstream-fingerprint") {
 		t.Errorf("conflict dead letter: value %s headers %+v", c.Value, c.Headers)
 	}
-	if got := testutil.ToFloat64(r.metrics.DLQRecords.WithLabelValues("p", "handler_failed")); got != 1 {
+	if got := testutil.ToFloat64(r.metrics.DLQRecords().WithLabelValues("p", "handler_failed")); got != 1 {
 		t.Errorf("dlq_records_total{reason=handler_failed} = %v", got)
 	}
 	e, ok, _ := r.store.Lookup(context.Background(), "p", "k3")
@@ -279,7 +279,7 @@ func TestRepliesRepublishStoredResult(t *testing.T) {
 			t.Errorf("reply %s %+v", rep.Value, rep.Headers)
 		}
 	}
-	if got := testutil.ToFloat64(r.metrics.LenientMismatch.WithLabelValues("p")); got != 1 {
+	if got := testutil.ToFloat64(r.metrics.LenientMismatch().WithLabelValues("p")); got != 1 {
 		t.Errorf("lenient_mismatch_total = %v, want 1", got)
 	}
 }

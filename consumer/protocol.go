@@ -562,7 +562,7 @@ func (p *Pipeline) scan(ctx context.Context, pz *pauser, q int, floor int64, wan
 					p.log.Warn("scan: floor below the partition's log start; scanning from the log start (records between were deleted)",
 						"partition", q, "floor", offset, "log_start", start)
 					if m := p.cfg.Metrics; m != nil {
-						m.ScanFloorTruncated.WithLabelValues(p.cfg.Name).Inc()
+						m.scanFloorTruncated.WithLabelValues(p.cfg.Name).Inc()
 					}
 					offset = start
 					continue

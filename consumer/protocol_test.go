@@ -286,7 +286,7 @@ func TestRecoveryScanStartsAtTheLogStartAndReadsOnce(t *testing.T) {
 			t.Errorf("key %s has %d results, want 1 (the dead owner's)", k, n)
 		}
 	}
-	if got := testutil.ToFloat64(r.metrics.ScanFloorTruncated.WithLabelValues("p")); got != 1 {
+	if got := testutil.ToFloat64(r.metrics.ScanFloorTruncated().WithLabelValues("p")); got != 1 {
 		t.Errorf("scan_floor_truncated_total = %v, want 1", got)
 	}
 	// One refused fetch at the floor, then one pass from the log start.
@@ -321,7 +321,7 @@ func TestSkippedRepliesAreCounted(t *testing.T) {
 	stop := r.start(cfg)
 	defer stop()
 	waitFor(t, "the replay", func() bool { return r.count("p", "replay") == 1 })
-	if got := testutil.ToFloat64(r.metrics.RepliesSkipped.WithLabelValues("p", "pending")); got != 1 {
+	if got := testutil.ToFloat64(r.metrics.RepliesSkipped().WithLabelValues("p", "pending")); got != 1 {
 		t.Errorf("replies_skipped_total{reason=pending} = %v, want 1", got)
 	}
 }

@@ -321,7 +321,7 @@ func newSettingsCheck(cfg *schemas.Config, store dedupe.Store, log *slog.Logger,
 	}
 	c := &settingsCheck{store: rs, log: log, problem: errors.New("not checked yet")}
 	if metrics != nil {
-		c.ok = metrics.StoreSettingsOK.WithLabelValues()
+		c.ok = metrics.storeSettingsOK.WithLabelValues()
 		c.ok.Set(0)
 	}
 	return c

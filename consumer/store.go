@@ -23,12 +23,12 @@ type instrumented struct {
 }
 
 func (i *instrumented) observe(op string, start time.Time, err error) {
-	i.m.StoreSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	i.m.storeSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
 	if err != nil {
-		i.m.StoreErrors.WithLabelValues(op).Inc()
+		i.m.storeErrors.WithLabelValues(op).Inc()
 	}
 	if errors.Is(err, dedupe.ErrNotReplicated) {
-		i.m.StoreReplicaAckFailures.WithLabelValues(op).Inc()
+		i.m.storeReplicaAckFailures.WithLabelValues(op).Inc()
 	}
 }
 

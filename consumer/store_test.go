@@ -35,13 +35,13 @@ func TestInstrumentStoreCountsReplicaAckFailures(t *testing.T) {
 	if _, _, err := s.Lookup(context.Background(), "p", "k"); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(m.StoreReplicaAckFailures.WithLabelValues("decide")); got != 1 {
+	if got := testutil.ToFloat64(m.StoreReplicaAckFailures().WithLabelValues("decide")); got != 1 {
 		t.Errorf("store_replica_ack_failures_total{op=decide} = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(m.StoreErrors.WithLabelValues("decide")); got != 1 {
+	if got := testutil.ToFloat64(m.StoreErrors().WithLabelValues("decide")); got != 1 {
 		t.Errorf("store_errors_total{op=decide} = %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(m.StoreReplicaAckFailures.WithLabelValues("lookup")); got != 0 {
+	if got := testutil.ToFloat64(m.StoreReplicaAckFailures().WithLabelValues("lookup")); got != 0 {
 		t.Errorf("store_replica_ack_failures_total{op=lookup} = %v, want 0", got)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -222,7 +221,7 @@ func Run(ctx context.Context, opts Options) (*Figures, error) {
 	decided := func(pipeline string) int {
 		n := 0
 		for _, o := range dedupe.Outcomes {
-			n += int(testutil.ToFloat64(metrics.Records.WithLabelValues(pipeline, string(o))))
+			n += recordsOf(reg, pipeline, o)
 		}
 		return n
 	}
@@ -270,7 +269,7 @@ func Run(ctx context.Context, opts Options) (*Figures, error) {
 	}
 	for name, into := range map[string]*Pipeline{"naive": &f.Naive, "idemstream": &f.Idemstream} {
 		count := func(o dedupe.OutcomeKind) int {
-			return int(testutil.ToFloat64(metrics.Records.WithLabelValues(name, string(o))))
+			return recordsOf(reg, name, o)
 		}
 		*into = Pipeline{Results: count(dedupe.OutcomeFirst), Replays: count(dedupe.OutcomeReplay),
 			Conflicts: count(dedupe.OutcomeConflict), Invalid: count(dedupe.OutcomeInvalid), Failed: count(dedupe.OutcomeFailed)}
@@ -400,4 +399,28 @@ func (f *Figures) Print(w io.Writer) {
 	fmt.Fprintf(w, "  Under those rules: %d first, %d replays, %d conflicts, %d invalid.\n",
 		a.Decisions.Idemstream.First, a.Decisions.Idemstream.Replay, a.Decisions.Idemstream.Conflict, a.Decisions.Idemstream.Invalid)
 	fmt.Fprintf(w, "\nFinished in %.1fs.\n", float64(f.ElapsedMilli)/1000)
+}
+
+// recordsOf reads idemstream_records_total of one pipeline and outcome
+// from reg.
+func recordsOf(reg *prometheus.Registry, pipeline string, o dedupe.OutcomeKind) int {
+	fams, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, fam := range fams {
+		if fam.GetName() != "idemstream_records_total" {
+			continue
+		}
+		for _, m := range fam.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["pipeline"] == pipeline && labels["outcome"] == string(o) {
+				return int(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return 0
 }
