@@ -9,7 +9,7 @@
 //
 // It reuses the decision code of the consumer rather than imitating it:
 // keys and fingerprints come from [dedupe.Decider.Prepare], canonical
-// forms from [dedupe.Canonicalizer], decisions from [dedupe.Apply]. An
+// forms from [dedupe.Canonicalizer], decisions from decide.Decide. An
 // audit and `idemstream run` with the same rules therefore cannot
 // disagree about what is a replay.
 //

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/decide"
 )
 
 // The three rules a replay compares.
@@ -49,7 +50,7 @@ type Decisions struct {
 }
 
 // Replayer decides records as idemstream would, with the decision table
-// of the store ([dedupe.Apply]) and the decider's key and fingerprint
+// of the store (decide.Decide) and the decider's key and fingerprint
 // ([dedupe.Decider.Prepare]), so that an audit and a consumer with the
 // same rules cannot disagree. Time is the records' timestamps (as with
 // clock: event); every first copy counts as handled successfully. It keeps
@@ -177,7 +178,7 @@ func (r *Replayer) apply(e *compact, key, fingerprint string, sem dedupe.Semanti
 			Owner: dedupe.Owner{Holder: "audit"}, WindowStart: start, ExpiresAt: start.Add(r.window),
 		}
 	}
-	d, next := dedupe.Apply(cur, req, now)
+	d, next := decide.Decide(cur, req, now)
 	if d.Verdict == dedupe.VerdictFirst && next != nil {
 		*e = compact{start: next.WindowStart.UnixNano(), fp: fpBits(fingerprint), set: true}
 	}
@@ -190,7 +191,7 @@ func fpBits(fingerprint string) uint64 {
 	return v
 }
 
-// fpText spells fpBits back as the hex prefix Apply compares.
+// fpText spells fpBits back as the hex prefix decide.Decide compares.
 func fpText(v uint64) string {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], v)

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"unicode/utf8"
 
-	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/jsonpointer"
 )
 
 // Value kinds, kept in the two low bits of an entry's hash so that a
@@ -199,8 +199,8 @@ func (w *walker) object(pos int, self int32, id uint32, detail bool) (int, error
 			if err != nil {
 				return 0, err
 			}
-			w.ptr = dedupe.AppendPointerToken(append(w.ptr, '/'), name)
-			w.gen = dedupe.AppendPointerToken(append(w.gen, '/'), name)
+			w.ptr = jsonpointer.AppendToken(append(w.ptr, '/'), name)
+			w.gen = jsonpointer.AppendToken(append(w.gen, '/'), name)
 			child = w.child(id)
 		}
 		pos, err = w.value(nameEnd+1, self, child, detail && child != noPath)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+
+	"github.com/idemstream/idemstream/internal/jsonpointer"
 )
 
 // Diff returns the JSON Pointers (RFC 6901, escaped, sorted bytewise) of the
@@ -110,5 +112,5 @@ func (d *canonDiffer) walk(ia, ib int32, path []byte) {
 
 func childPath(path, token []byte) []byte {
 	p := append(slices.Clip(path), '/')
-	return AppendPointerToken(p, token)
+	return jsonpointer.AppendToken(p, token)
 }

@@ -64,7 +64,7 @@
 // runs in more than one process (see its example for a Store from a Redis
 // URL), memstore for one process or a test. Every store passes the same
 // conformance suite (storetest) and implements the decision table of
-// [Apply].
+// internal/decide.Decide.
 //
 // # Step 4: decide
 //

@@ -87,22 +87,6 @@ func (p Pointer) Match(path []string) bool {
 	return true
 }
 
-// AppendPointerToken appends token escaped for use inside a JSON Pointer
-// (RFC 6901: ~ as ~0, / as ~1).
-func AppendPointerToken(b []byte, token []byte) []byte {
-	for _, c := range token {
-		switch c {
-		case '~':
-			b = append(b, '~', '0')
-		case '/':
-			b = append(b, '~', '1')
-		default:
-			b = append(b, c)
-		}
-	}
-	return b
-}
-
 // isArrayIndex reports whether token is an RFC 6901 array index: "0" or a
 // decimal number without leading zeros that fits an int.
 func isArrayIndex(token string) (int, bool) {

@@ -3,6 +3,8 @@ package dedupe
 import (
 	"slices"
 	"testing"
+
+	"github.com/idemstream/idemstream/internal/jsonpointer"
 )
 
 func TestParsePointer(t *testing.T) {
@@ -85,7 +87,7 @@ func TestPointerMatch(t *testing.T) {
 
 func TestPointerTokenEscaping(t *testing.T) {
 	for _, tok := range []string{"", "a", "~", "/", "~0", "~1", "a/b~c", "//~~", "é"} {
-		raw := string(AppendPointerToken([]byte("/"), []byte(tok)))
+		raw := string(jsonpointer.AppendToken([]byte("/"), []byte(tok)))
 		p, err := ParsePointer(raw)
 		if err != nil {
 			t.Errorf("escaped %q as %q: %v", tok, raw, err)

@@ -193,20 +193,20 @@ type Completion struct {
 	// FailedTTL is how long a Failed key is kept (failed_ttl).
 	FailedTTL time.Duration
 	// KeepAtLeast is how long a Success entry is kept after a completion
-	// that came after its window ended (see ApplyCompletion).
+	// that came after its window ended (see internal/decide.Complete).
 	KeepAtLeast time.Duration
 }
 
 // Store holds per-key state and decides atomically. Implementations must
 // pass the storetest conformance suite.
 //
-// Decide applies [Apply] to each request in order, atomically per request,
+// Decide applies the decision table (internal/decide.Decide) to each request in order, atomically per request,
 // and returns one Decision per request. Requests for the same key in one
 // call are decided in order, each seeing the effect of the previous.
 //
 // Complete moves PENDING entries owned by the given token to Success (kept
 // until the window ends) or Failed (kept FailedTTL), or releases them
-// (State Pending: see [ApplyCompletion]). It returns one error per
+// (State Pending; the rule is internal/decide.Complete). It returns one error per
 // completion: nil, or one wrapping ErrFenced when the token no longer owns
 // the key (it was taken over, or the entry expired).
 //
@@ -218,230 +218,6 @@ type Store interface {
 	Decide(ctx context.Context, reqs []DecideRequest) ([]Decision, error)
 	Complete(ctx context.Context, comps []Completion) ([]error, error)
 	Lookup(ctx context.Context, namespace, key string) (Entry, bool, error)
-}
-
-// Apply is the reference decision table that every Store implements. It
-// returns the decision for req given the stored entry (nil when absent or
-// expired) and the store's clock, and the entry to store (nil: unchanged).
-//
-//	stored                       strict                     lenient / window
-//	none, or window over         first                      first
-//	SUCCESS, same fingerprint    replay                     replay
-//	SUCCESS, other fingerprint   conflict (replay if the    replay (mismatch)
-//	                             rules changed)
-//	FAILED, its own record       replay                     replay
-//	FAILED, same fingerprint     first (rerun)              first (rerun)
-//	FAILED, other fingerprint    conflict (rerun if rules   first (rerun)
-//	                             changed and RulesChecked)
-//	PENDING, own record          first (resumed)            first (resumed)
-//	PENDING, own source, other   pending while the lease runs, even when
-//	holder                       Final; then first (resumed, new owner)
-//	PENDING, same holder         as SUCCESS                 as SUCCESS
-//	PENDING, lease running       pending (as SUCCESS when Final)
-//	PENDING, lease over          first (resumed, new owner) if the record
-//	                             is the same request (RulesChecked when the
-//	                             rules changed), else conflict
-//
-// An entry is forgotten when its window ends (FAILED: when failed_ttl
-// ends), with two exceptions that keep a key from being decided first
-// twice: a PENDING entry never ends with its window (it is kept until
-// [Entry.RetainUntil], and a late record finds it and resumes, scanning
-// for a result already written), and a SUCCESS entry answers the record
-// that produced it (its owner source) as a replay for as long as it is
-// stored, even past the window.
-func Apply(cur *Entry, req DecideRequest, now time.Time) (Decision, *Entry) {
-	clock := now
-	if !req.EventTime.IsZero() {
-		clock = req.EventTime
-	}
-	if req.RenewOnly {
-		if cur == nil || cur.State != Pending || cur.Owner != req.Owner || !now.Before(cur.RetainUntil()) {
-			d := Decision{Verdict: VerdictPending}
-			if cur != nil {
-				d.Entry = *cur
-			}
-			return d, nil
-		}
-		e := *cur
-		e.LeaseUntil = now.Add(req.Lease)
-		return Decision{Verdict: VerdictFirst, Resumed: true, Entry: e}, &e
-	}
-	if cur != nil && expired(cur, req, clock, now) {
-		cur = nil
-	}
-	if cur == nil {
-		e := &Entry{
-			Key:         req.Key,
-			State:       Pending,
-			Fingerprint: req.Fingerprint,
-			RulesDigest: req.RulesDigest,
-			Owner:       req.Owner,
-			FirstSource: req.Owner.Source,
-			Intent:      req.Intent,
-			Result:      ResultRef{Partition: -1, Offset: NoPosition},
-			WindowStart: clock,
-			LeaseUntil:  now.Add(req.Lease),
-			ExpiresAt:   now.Add(req.Window),
-		}
-		return Decision{Verdict: VerdictFirst, Entry: *e}, e
-	}
-
-	d := Decision{Entry: *cur}
-	d.RulesChanged = cur.RulesDigest != req.RulesDigest
-	d.Mismatch = cur.Fingerprint != req.Fingerprint
-	sameRequest := !d.Mismatch || d.RulesChanged || req.Semantics != Strict
-	// A rerun or a takeover acts on the key: see RulesChecked.
-	sameToAct := !d.Mismatch || req.RulesChecked || req.Semantics != Strict
-
-	switch cur.State {
-	case Success:
-		d.Verdict = replayOrConflict(sameRequest)
-		return d, nil
-	case Failed:
-		if cur.Owner.Source == req.Owner.Source || cur.FirstSource == req.Owner.Source {
-			// The record whose own decision failed, delivered again (a
-			// crash before its offset was committed): it has had its one
-			// outcome, the dead letter. Running it again could give the
-			// same input a result too. (A rerun by another copy that
-			// failed too keeps the first copy as FirstSource.)
-			d.Verdict = VerdictReplay
-			return d, nil
-		}
-		if !sameToAct {
-			d.Verdict = VerdictConflict
-			return d, nil
-		}
-		e := *cur
-		e.State = Pending
-		e.Fingerprint, e.RulesDigest = req.Fingerprint, req.RulesDigest
-		e.Owner = req.Owner
-		e.Intent = req.Intent
-		e.Result = ResultRef{Partition: -1, Offset: NoPosition}
-		e.LeaseUntil = now.Add(req.Lease)
-		// A rerun gets the window it would have had as a first copy:
-		// the failure did not consume it.
-		e.WindowStart = clock
-		e.ExpiresAt = now.Add(req.Window)
-		d.Verdict, d.Rerun, d.Entry = VerdictFirst, true, e
-		return d, &e
-	}
-
-	// PENDING.
-	switch {
-	case cur.Owner == req.Owner:
-		e := *cur
-		e.LeaseUntil = now.Add(req.Lease)
-		d.Verdict, d.Resumed, d.Entry = VerdictFirst, true, e
-		return d, &e
-	case cur.Owner.Source == req.Owner.Source:
-		// The owner's own record, delivered to another holder (the next
-		// generation, or another member after a rebalance). Its offset was
-		// never committed, and it is the only record left that will give
-		// the key its result: it is never a replay. It waits for the lease,
-		// Final or not, then takes the key over.
-		if now.Before(cur.LeaseUntil) {
-			d.Verdict = VerdictPending
-			return d, nil
-		}
-	case cur.Owner.Holder == req.Owner.Holder:
-		d.Verdict = replayOrConflict(sameRequest)
-		return d, nil
-	case now.Before(cur.LeaseUntil):
-		if !req.Final {
-			d.Verdict = VerdictPending
-			return d, nil
-		}
-		d.Verdict = replayOrConflict(sameRequest)
-		return d, nil
-	case !sameToAct:
-		d.Verdict = VerdictConflict
-		return d, nil
-	}
-	// The lease ran out (or was released): take over, keeping the intent of the previous
-	// owner so that the scan starts low enough to find its write.
-	e := *cur
-	e.Owner = req.Owner
-	e.LeaseUntil = now.Add(req.Lease)
-	if e.Intent.Floor == NoPosition {
-		e.Intent = req.Intent
-	}
-	d.Verdict, d.Resumed, d.Entry = VerdictFirst, true, e
-	return d, &e
-}
-
-// expired reports whether cur no longer counts for req (see Apply).
-func expired(cur *Entry, req DecideRequest, clock, now time.Time) bool {
-	switch cur.State {
-	case Pending:
-		return !now.Before(cur.RetainUntil())
-	case Failed:
-		return !now.Before(cur.ExpiresAt)
-	}
-	if !now.Before(cur.ExpiresAt) {
-		return true
-	}
-	// The records that made a result are replays for as long as it is
-	// stored, even past the window.
-	own := cur.Owner.Source == req.Owner.Source || cur.FirstSource == req.Owner.Source
-	return !clock.Before(cur.WindowStart.Add(req.Window)) && !own
-}
-
-func replayOrConflict(sameRequest bool) Verdict {
-	if sameRequest {
-		return VerdictReplay
-	}
-	return VerdictConflict
-}
-
-// ApplyCompletion is the reference completion rule: only the current owner
-// of a PENDING entry may finish it, and finishing it again the same way is
-// accepted, so that a retried completion is idempotent.
-//
-// A PENDING entry is completed by its owner even after its window ended
-// (Redis or the output was away for longer than the window): the entry is
-// then kept for KeepAtLeast after the completion, so that a redelivery of
-// the record that made it is a replay, not a second first.
-//
-// A completion with State Pending releases the key instead: its lease ends
-// now, its intent stays, and the next holder takes it over at once,
-// scanning the output for a result before it writes. An owner releases
-// only keys for which it has sent no result: after a release it must not
-// write one.
-func ApplyCompletion(cur *Entry, c Completion, now time.Time) (*Entry, error) {
-	if cur == nil || !now.Before(cur.RetainUntil()) {
-		return nil, fmt.Errorf("complete %q: %w (entry expired)", c.Key, ErrFenced)
-	}
-	if cur.State == c.State && cur.Owner == c.Owner && cur.Result == c.Result && c.State != Pending {
-		// The same completion again: a retry after a timeout whose first
-		// attempt did reach the store, or an abandoned batch asking that
-		// an entry it completed be kept longer (its records will be read
-		// again): the longer keep is granted, nothing else changes.
-		if keep := now.Add(c.KeepAtLeast); c.State == Success && cur.ExpiresAt.Before(keep) {
-			e := *cur
-			e.ExpiresAt = keep
-			return &e, nil
-		}
-		return cur, nil
-	}
-	if cur.State != Pending || cur.Owner != c.Owner {
-		return nil, fmt.Errorf("complete %q as %s: %w (%s by %s)", c.Key, c.Owner.Token(), ErrFenced, cur.State, cur.Owner.Token())
-	}
-	e := *cur
-	if c.State == Pending {
-		if now.Before(e.LeaseUntil) {
-			e.LeaseUntil = now
-		}
-		return &e, nil
-	}
-	e.State = c.State
-	e.Result = c.Result
-	e.LeaseUntil = time.Time{}
-	if c.State == Failed {
-		e.ExpiresAt = now.Add(c.FailedTTL)
-	} else if keep := now.Add(c.KeepAtLeast); e.ExpiresAt.Before(keep) {
-		e.ExpiresAt = keep
-	}
-	return &e, nil
 }
 
 // DecisionID names the decision that made e: the source of its first copy

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/decide"
 )
 
 // Store keeps entries in a map guarded by one mutex, which makes every
@@ -50,7 +51,7 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	out := make([]dedupe.Decision, len(reqs))
 	for i, req := range reqs {
 		k := entryKey{req.Namespace, req.Key}
-		dec, next := dedupe.Apply(s.entries[k], req, now)
+		dec, next := decide.Decide(s.entries[k], req, now)
 		if next != nil {
 			s.entries[k] = next
 		}
@@ -71,7 +72,7 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 	errs := make([]error, len(comps))
 	for i, c := range comps {
 		k := entryKey{c.Namespace, c.Key}
-		next, err := dedupe.ApplyCompletion(s.entries[k], c, now)
+		next, err := decide.Complete(s.entries[k], c, now)
 		if err != nil {
 			errs[i] = err
 			continue

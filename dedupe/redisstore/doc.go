@@ -42,7 +42,7 @@
 //
 // Complete, on a single node or a Sentinel master, needs no script either:
 // in transactions of up to 32 entries it WATCHes the entries, reads TIME
-// and the entries (MGET), applies dedupe.ApplyCompletion in Go on the
+// and the entries (MGET), applies decide.Complete in Go on the
 // server's clock, and writes the changed entries in MULTI/EXEC. EXEC runs
 // only if no watched entry changed meanwhile, which makes each check and
 // its write atomic; when one did (another holder took a key over), EXEC

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/decide"
 )
 
 // Each script is the shared entry.lua (clock, load, save) followed by
@@ -220,7 +221,7 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 			toScript(i)
 			continue
 		}
-		dec, next := dedupe.Apply(e, reqs[i], now)
+		dec, next := decide.Decide(e, reqs[i], now)
 		if next != nil {
 			toScript(i)
 			continue
@@ -274,7 +275,7 @@ func (s *Store) decideRead(ctx context.Context, reqs []dedupe.DecideRequest, nam
 			scripted = append(scripted, i)
 			continue
 		}
-		dec, next := dedupe.Apply(&cur, reqs[i], now)
+		dec, next := decide.Decide(&cur, reqs[i], now)
 		if next != nil {
 			scripted = append(scripted, i)
 			continue
@@ -410,7 +411,7 @@ func (s *Store) decideScripted(ctx context.Context, reqs []dedupe.DecideRequest,
 // On a single node (or a Sentinel master) a batch is finished with plain
 // commands under WATCH (completeWatched); on a cluster, for a small batch,
 // or when another client changed one of the entries meanwhile, by
-// complete.lua (completeScripted). Both apply dedupe.ApplyCompletion's
+// complete.lua (completeScripted). Both apply decide.Complete's
 // rules atomically per entry.
 func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]error, error) {
 	if len(comps) == 0 {
@@ -437,7 +438,7 @@ const watchChunk = 32
 
 // completeWatched finishes comps with plain commands, in transactions of
 // up to watchChunk entries: one round trip WATCHes the entries, reads the
-// server's clock (TIME) and the entries (MGET); dedupe.ApplyCompletion
+// server's clock (TIME) and the entries (MGET); decide.Complete
 // decides each completion here, on the store's clock; one MULTI/EXEC
 // writes the entries that change. EXEC runs only if no watched entry
 // changed since the WATCH, so each check and its write are as atomic as in
@@ -643,10 +644,10 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 		if cur != nil && cur.Key != c.Key {
 			// Another key under the same name (namespaces that contain
 			// ':'): fenced, as in complete.lua; the entry stays as it is.
-			_, errs[i] = dedupe.ApplyCompletion(nil, c, now)
+			_, errs[i] = decide.Complete(nil, c, now)
 			continue
 		}
-		next, err := dedupe.ApplyCompletion(cur, c, now)
+		next, err := decide.Complete(cur, c, now)
 		if err != nil {
 			errs[i] = err
 			continue
@@ -983,7 +984,7 @@ func decodeEntry(nowMs int64, raw string) (dedupe.Entry, error) {
 }
 
 // newEntry rebuilds the entry that decide.lua created for r at now, as
-// dedupe.Apply does; the script does not send it back.
+// decide.Decide does; the script does not send it back.
 func newEntry(r dedupe.DecideRequest, now time.Time) dedupe.Entry {
 	clock := now
 	if !r.EventTime.IsZero() {

@@ -635,7 +635,7 @@ func processCPU(b *testing.B) time.Duration {
 // Batches of eight or more records decide existing keys from a plain GET
 // where the decision changes nothing, and by decide.lua otherwise: every
 // verdict and flag must be the reference table's (memstore applies
-// dedupe.Apply), whatever the entry's state.
+// decide.Decide), whatever the entry's state.
 func TestBatchDecisionsMatchTheReferenceTable(t *testing.T) {
 	addr := testenv.RedisAddr(t)
 	stores := map[string]dedupe.Store{
