@@ -56,9 +56,8 @@ type Progress struct {
 // consumer group and without committing anything: the topic and its
 // consumers are left as they were. It can be read again (Scan) and then
 // reads the same records in the same order. It reads through sinks.Kafka,
-// as the consumer does; Scan fetches every partition at once, so the
-// first read lowers the Reader's MaxFetchBytes to keep the fetches in
-// flight near 64 MB.
+// as the consumer does; Scan fetches every partition at once, each fetch
+// bounded so that those in flight stay near 64 MB.
 type KafkaTopic struct {
 	Reader     *sinks.Kafka
 	Topic      string
@@ -105,7 +104,6 @@ func (k *KafkaTopic) resolve(ctx context.Context) error {
 	if n == 0 {
 		return fmt.Errorf("topic %s has no partitions (does it exist?)", k.Topic)
 	}
-	k.Reader.MaxFetchBytes = min(max(64<<20/n, 256<<10), k.Reader.MaxFetchBytes)
 	parts := make([]int, n)
 	for p := range parts {
 		parts[p] = p
@@ -144,6 +142,9 @@ func (k *KafkaTopic) Scan(ctx context.Context, fn func(*dedupe.Record) error) er
 	pass, total := k.passes, k.Total()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Fetch sizes shrink with the partition count so that the batches in
+	// flight stay near 64 MB.
+	maxBytes := min(max(64<<20/len(k.ranges), 256<<10), 4<<20)
 	chans := make([]chan fetched, len(k.ranges))
 	var wg sync.WaitGroup
 	for i, r := range k.ranges {
@@ -152,7 +153,7 @@ func (k *KafkaTopic) Scan(ctx context.Context, fn func(*dedupe.Record) error) er
 		go func() {
 			defer wg.Done()
 			defer close(chans[i])
-			k.fetchLoop(ctx, r, chans[i])
+			k.fetchLoop(ctx, r, maxBytes, chans[i])
 		}()
 	}
 	defer wg.Wait()
@@ -219,7 +220,7 @@ func (k *KafkaTopic) Scan(ctx context.Context, fn func(*dedupe.Record) error) er
 }
 
 // fetchLoop reads one partition's range in batches.
-func (k *KafkaTopic) fetchLoop(ctx context.Context, r partRange, out chan<- fetched) {
+func (k *KafkaTopic) fetchLoop(ctx context.Context, r partRange, maxBytes int, out chan<- fetched) {
 	send := func(f fetched) bool {
 		select {
 		case out <- f:
@@ -230,7 +231,7 @@ func (k *KafkaTopic) fetchLoop(ctx context.Context, r partRange, out chan<- fetc
 	}
 	off, empty := r.start, 0
 	for off < r.end {
-		got, hw, err := k.Reader.Fetch(ctx, k.Topic, r.partition, off, 100*time.Millisecond)
+		got, hw, err := k.Reader.FetchUpTo(ctx, k.Topic, r.partition, off, 100*time.Millisecond, maxBytes)
 		if err != nil {
 			if ctx.Err() == nil {
 				send(fetched{err: err})

@@ -39,7 +39,8 @@ type Metrics struct {
 	recordsTrimmed *prometheus.CounterVec
 	// storeSettingsOK is 1 while the last check of the Redis settings
 	// (store.redis.check_server, at start and every minute) passed, 0
-	// while it refused them or could not run; absent when nothing is
+	// while it refused them or has not run to a verdict yet (a recheck
+	// the server does not answer keeps the last verdict); absent when nothing is
 	// checked (a memory store, check_server: false). No labels.
 	storeSettingsOK *prometheus.GaugeVec
 
@@ -86,7 +87,7 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 		recordsTrimmed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "records_trimmed_total",
 			Help: "Dead letters and replies written without their whole payload (or key and headers): the topic refused them for their size."}, []string{"pipeline"}),
 		storeSettingsOK: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "store_settings_ok",
-			Help: "1 while the last check of the Redis settings (store.redis.check_server) passed, 0 while it refused them or could not run."}, nil),
+			Help: "1 while the last check of the Redis settings (store.redis.check_server) passed, 0 while it refused them or none has run to a verdict."}, nil),
 	}
 	for _, c := range []prometheus.Collector{m.records, m.dlqRecords, m.lenientMismatch, m.lag, m.decisionSeconds,
 		m.storeSeconds, m.storeErrors, m.storeReplicaAckFailures, m.rebalances, m.inflight, m.buildInfo, m.repliesSkipped, m.scanFloorTruncated, m.batchesAbandoned,

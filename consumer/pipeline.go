@@ -136,17 +136,25 @@ const DefaultBatchSize = 1000
 // gives up on the member.
 const DefaultDrainTimeout = 5 * time.Second
 
-// groupLeaveTimeout is what leaving the group may take once the last
-// partition stopped: the dialer's timeout for the LeaveGroup request.
-const groupLeaveTimeout = 10 * time.Second
+// commitTimeout and groupLeaveTimeout are what kafka-go gives one offset
+// commit (its socket deadline) and leaving the group (a FindCoordinator
+// and a LeaveGroup request, 5 s each), when the brokers answer.
+const (
+	commitTimeout     = 5 * time.Second
+	groupLeaveTimeout = 10 * time.Second
+)
 
-// StopTimeout is the longest Run takes to return once its context ends,
-// for a pipeline whose DrainTimeout is drain: each partition finishes the
-// batch in hand for up to drain, abandons what is left (its keys released
-// or completed, up to 3 s), and the member leaves the group. A deployment's
-// grace period after SIGTERM must cover it.
+// StopTimeout is how long Run takes to return once its context ends, for
+// a pipeline whose DrainTimeout is drain, when Kafka and the store answer:
+// each partition finishes the batch in hand for up to drain, abandons what
+// is left (a release, and for a batch that waited a second store call,
+// up to 3 s each), the last commit in flight ends, and the member leaves
+// the group. A broker that does not answer can make leaving take longer
+// (each dial up to 10 s); a process killed then only makes its partitions
+// wait for the session timeout. A handler that ignores its context is not
+// bounded. A deployment's grace period after SIGTERM should cover it.
 func StopTimeout(drain time.Duration) time.Duration {
-	return drain + abandonTimeout + groupLeaveTimeout
+	return drain + 2*abandonTimeout + commitTimeout + groupLeaveTimeout
 }
 
 // instanceID names this process in owner tokens: host, pid and a random

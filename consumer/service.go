@@ -94,16 +94,21 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 		return nil, err
 	}
 	var metrics *Metrics
+	reg := &undoable{Registerer: o.Registerer}
 	if o.Registerer != nil {
-		if metrics, err = NewMetrics(o.Registerer, o.Version); err != nil {
+		if metrics, err = NewMetrics(reg, o.Version); err != nil {
+			reg.undo()
 			return nil, err
 		}
 	}
 	rawStore, closeStore, err := OpenStore(cfg, o.Getenv)
 	if err != nil {
+		reg.undo()
 		return nil, err
 	}
-	fail := func(err error) (*Service, error) { return nil, errors.Join(err, closeStore()) }
+	// A failed NewService leaves nothing behind: the same registry may be
+	// used again.
+	fail := func(err error) (*Service, error) { reg.undo(); return nil, errors.Join(err, closeStore()) }
 	store := instrumentStore(rawStore, metrics)
 	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
 	writer := sinks.NewKafka(client)
@@ -309,6 +314,7 @@ type settingsCheck struct {
 
 	mu       sync.Mutex
 	problem  error  // nil once the last check passed
+	checked  bool   // a check has run to a verdict (passed or refused)
 	warnings string // the last warnings logged, to log a change only
 }
 
@@ -332,7 +338,8 @@ func newSettingsCheck(cfg *schemas.Config, store dedupe.Store, log *slog.Logger,
 var errSettingsUnchecked = errors.New("redis settings could not be checked")
 
 // once runs one check: nil when it passed, a *schemas.FieldError naming
-// the setting when it refused, errSettingsUnchecked when it could not run.
+// the setting when it refused (or the server refused the check itself),
+// errSettingsUnchecked when the server did not answer.
 func (c *settingsCheck) once(parent context.Context) error {
 	ctx, cancel := context.WithTimeout(parent, 10*time.Second)
 	defer cancel()
@@ -348,21 +355,31 @@ func (c *settingsCheck) once(parent context.Context) error {
 			c.log.Error("redis settings lose state: "+p, "setting", "store.redis.check_server")
 		}
 		err = &schemas.FieldError{Field: se.Field, Msg: se.Error() + " (store.redis.check_server: false starts anyway)"}
-	case err != nil:
+	case errors.Is(err, dedupe.ErrStoreUnavailable):
 		err = fmt.Errorf("%w: %w", errSettingsUnchecked, err)
+	case err != nil:
+		// The server answered no (credentials, permissions): waiting
+		// cannot cure it.
+		err = &schemas.FieldError{Field: "store.redis", Msg: err.Error()}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if joined := strings.Join(warnings, "\n"); err == nil && joined != c.warnings {
+	if joined := strings.Join(warnings, "\n"); joined != c.warnings {
 		for _, w := range warnings {
 			c.log.Warn("redis settings not verified or weak: "+w, "setting", "store.redis.check_server")
 		}
 		c.warnings = joined
 	}
+	if errors.Is(err, errSettingsUnchecked) && c.checked {
+		// A server that does not answer a recheck says nothing about its
+		// settings: the last verdict stands (Ready reports the store
+		// itself as not answering).
+		return err
+	}
 	if err == nil && c.problem != nil {
 		c.log.Info("redis settings checked", "setting", "store.redis.check_server")
 	}
-	c.problem = err
+	c.problem, c.checked = err, c.checked || !errors.Is(err, errSettingsUnchecked)
 	if c.ok != nil {
 		if err == nil {
 			c.ok.Set(1)
@@ -415,4 +432,33 @@ func (c *settingsCheck) err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.problem
+}
+
+// undoable is a Registerer that can take back what was registered on it.
+type undoable struct {
+	prometheus.Registerer
+	done []prometheus.Collector
+}
+
+func (u *undoable) Register(c prometheus.Collector) error {
+	if err := u.Registerer.Register(c); err != nil {
+		return err
+	}
+	u.done = append(u.done, c)
+	return nil
+}
+
+func (u *undoable) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := u.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (u *undoable) undo() {
+	for _, c := range u.done {
+		u.Registerer.Unregister(c)
+	}
+	u.done = nil
 }

@@ -1,9 +1,12 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -78,7 +81,9 @@ func settingsProblem(svc *consumer.Service) string {
 func TestServiceChecksRedisSettingsAgain(t *testing.T) {
 	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true})
 	reg := prometheus.NewRegistry()
-	svc, err := consumer.NewService(serviceConfig(t, srv.Addr), consumer.ServiceOptions{Registerer: reg, SettingsRecheck: 100 * time.Millisecond})
+	logs := &lockedBuffer{}
+	svc, err := consumer.NewService(serviceConfig(t, srv.Addr), consumer.ServiceOptions{Registerer: reg, SettingsRecheck: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,6 +118,26 @@ func TestServiceChecksRedisSettingsAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	until(t, 20*time.Second, "reported safe again", func() bool { return settingsProblem(svc) == "" && gauge() == 1 })
+
+	// Redis away: the rechecks get no answer, which says nothing about
+	// the settings; Ready names the store itself, the verdict stands.
+	srv.Stop()
+	storeDown := func() bool {
+		for _, p := range svc.Ready(context.Background()) {
+			if strings.HasPrefix(p, "store: ") {
+				return true
+			}
+		}
+		return false
+	}
+	until(t, 20*time.Second, "reported the store down", storeDown)
+	until(t, 20*time.Second, "past two rechecks without an answer", func() bool {
+		return strings.Count(logs.String(), "redis settings could not be checked again") >= 2
+	})
+	if p := settingsProblem(svc); p != "" || gauge() != 1 {
+		t.Errorf("a recheck without an answer changed the verdict: %q, gauge %v", p, gauge())
+	}
+	srv.Start()
 }
 
 // Settings that lose state refuse the start: Run returns the field error
@@ -139,5 +164,40 @@ func TestServiceRefusesAHandlerForNoPipeline(t *testing.T) {
 	_, err := consumer.NewService(cfg, consumer.ServiceOptions{Handlers: map[string]consumer.Handler{"q": consumer.HandlerFunc(consumer.Forward)}})
 	if err == nil || !strings.Contains(err.Error(), `"q"`) {
 		t.Fatalf("NewService = %v, want an error naming pipeline q", err)
+	}
+}
+
+// lockedBuffer is a log sink the test reads while the service writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A NewService that fails takes its metrics back: the same registry can be
+// used again.
+func TestFailedNewServiceLeavesTheRegistryAsItWas(t *testing.T) {
+	cfg := serviceConfig(t, "127.0.0.1:1")
+	reg := prometheus.NewRegistry()
+	if _, err := consumer.NewService(cfg, consumer.ServiceOptions{Registerer: reg, SettleWait: time.Hour}); err == nil {
+		t.Fatal("NewService accepted a settle wait longer than the lease")
+	}
+	svc, err := consumer.NewService(cfg, consumer.ServiceOptions{Registerer: reg})
+	if err != nil {
+		t.Fatalf("NewService on the same registry: %v", err)
+	}
+	if err := svc.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -35,7 +35,7 @@ type Kafka struct {
 	// result or dead letter would be refused.
 	Compression kafka.Compression
 	// MaxFetchBytes bounds the records one Fetch returns (at least one
-	// whole batch comes back, whatever its size).
+	// whole batch comes back, whatever its size; 0: 4 MiB).
 	MaxFetchBytes int
 
 	mu         sync.Mutex
@@ -377,9 +377,18 @@ type Fetched struct {
 // input for the consumer as well as the output for recovery scans and
 // replies, so that one code path turns fetch responses into messages.
 func (k *Kafka) Fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration) ([]Fetched, int64, error) {
+	return k.FetchUpTo(ctx, topic, partition, offset, maxWait, k.MaxFetchBytes)
+}
+
+// FetchUpTo is Fetch with its own bound on the bytes returned (at least one
+// whole batch comes back, whatever its size; 0 or less: 4 MiB).
+func (k *Kafka) FetchUpTo(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration, maxBytes int) ([]Fetched, int64, error) {
+	if maxBytes <= 0 {
+		maxBytes = 4 << 20
+	}
 	res, err := k.client.Fetch(ctx, &kafka.FetchRequest{
 		Topic: topic, Partition: partition, Offset: offset,
-		MinBytes: 1, MaxBytes: int64(k.MaxFetchBytes), MaxWait: maxWait,
+		MinBytes: 1, MaxBytes: int64(maxBytes), MaxWait: maxWait,
 	})
 	if err == nil && res.Error != nil {
 		err = res.Error

@@ -155,12 +155,16 @@ func TestRunWaitsUntilRedisCanBeChecked(t *testing.T) {
 	readyzUntil(t, addr, 20*time.Second, stderr, "said the settings could not be checked", func(status int, body string) bool {
 		return status == http.StatusServiceUnavailable && strings.Contains(body, "store settings: redis settings could not be checked")
 	})
-	// Two tries at least (1 s apart), and still nothing started.
-	for !strings.Contains(stderr.String(), "not starting until they are") {
-		time.Sleep(20 * time.Millisecond)
+	// Tried again after the backoff, and still nothing started: a
+	// pipeline would read its topics' metadata from the broker nobody
+	// listens on, and say so.
+	for deadline := time.Now().Add(20 * time.Second); strings.Count(stderr.String(), "not starting until they are") < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the check was not tried again within 20s:\n%s", stderr.String())
+		}
 	}
-	if strings.Contains(stderr.String(), "redis settings checked") {
-		t.Fatalf("settings reported checked while Redis was down:\n%s", stderr.String())
+	if out := stderr.String(); strings.Contains(out, "redis settings checked") || strings.Contains(out, "reading topic metadata") {
+		t.Fatalf("started while Redis was down:\n%s", out)
 	}
 	srv.Start()
 	readyzUntil(t, addr, 30*time.Second, stderr, "dropped the settings problem", func(_ int, body string) bool {
@@ -169,7 +173,51 @@ func TestRunWaitsUntilRedisCanBeChecked(t *testing.T) {
 	if !strings.Contains(stderr.String(), "redis settings checked") {
 		t.Errorf("no log line says the settings were checked:\n%s", stderr.String())
 	}
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(stderr.String(), "reading topic metadata"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no pipeline started once the check passed:\n%s", stderr.String())
+		}
+	}
 	if code := stop(); code != exitOK {
 		t.Errorf("run exited %d, want 0:\n%s", code, stderr.String())
+	}
+}
+
+// A server that refuses the check itself (here: a password the config does
+// not give) is no outage: run refuses at once, exit 2, naming store.redis,
+// instead of waiting for ever.
+func TestRunRefusesWhenRedisRefusesTheLogin(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true, Password: "s3cret"})
+	cfg := writeFile(t, t.TempDir(), "c.yaml", "kafka: {brokers: ['127.0.0.1:1']}\n"+
+		"store: {redis: {url: 'redis://"+srv.Addr+"/0'}}\n"+
+		"pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var stderr syncBuffer
+	code := run(ctx, []string{"run", "--config", cfg, "--metrics-addr", testenv.FreeAddr(t)}, strings.NewReader(""), io.Discard, &stderr, func(string) string { return "" })
+	if code != exitUsage || !strings.Contains(stderr.String(), "store.redis") || !strings.Contains(stderr.String(), "NOAUTH") {
+		t.Fatalf("run exited %d, want %d naming store.redis and NOAUTH; stderr:\n%s", code, exitUsage, stderr.String())
+	}
+}
+
+// A wrong password is no managed service forbidding CONFIG: WRONGPASS
+// ends "or user is disabled", which must not pass for a refused command.
+func TestRunRefusesAWrongRedisPassword(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true, Password: "s3cret"})
+	cfg := writeFile(t, t.TempDir(), "c.yaml", "kafka: {brokers: ['127.0.0.1:1']}\n"+
+		"store: {redis: {url: 'redis://"+srv.Addr+"/0', password_env: REDIS_PASSWORD}}\n"+
+		"pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var stderr syncBuffer
+	getenv := func(k string) string {
+		if k == "REDIS_PASSWORD" {
+			return "wrong"
+		}
+		return ""
+	}
+	code := run(ctx, []string{"run", "--config", cfg, "--metrics-addr", testenv.FreeAddr(t)}, strings.NewReader(""), io.Discard, &stderr, getenv)
+	if code != exitUsage || !strings.Contains(stderr.String(), "WRONGPASS") || strings.Contains(stderr.String(), "redis settings checked") {
+		t.Fatalf("run exited %d, want %d naming WRONGPASS; stderr:\n%s", code, exitUsage, stderr.String())
 	}
 }

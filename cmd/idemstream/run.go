@@ -79,8 +79,8 @@ func newLogger(e *env, format, level string) (*slog.Logger, error) {
 
 // httpShutdownTimeout bounds the metrics server's shutdown, which comes
 // after every pipeline stopped (consumer.StopTimeout): together they are
-// what a SIGTERM may take, and deploy/kubernetes's grace period covers them
-// (TestGracePeriodCoversTheShutdown).
+// what a SIGTERM takes with servers that answer, and deploy/kubernetes's
+// grace period covers them (TestGracePeriodCoversTheShutdown).
 const httpShutdownTimeout = 5 * time.Second
 
 // service is everything `run` owns, built in order and closed in reverse:

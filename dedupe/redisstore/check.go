@@ -191,6 +191,11 @@ func refused(err error) bool {
 		return false
 	}
 	msg := strings.ToUpper(err.Error())
+	// Credentials are no answer about CONFIG: WRONGPASS ends "or user is
+	// disabled", and must not pass for a forbidden command.
+	if strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH") {
+		return false
+	}
 	for _, p := range []string{"UNKNOWN COMMAND", "NOPERM", "NOT ALLOWED", "DISABLED", "UNKNOWN SUBCOMMAND"} {
 		if strings.Contains(msg, p) {
 			return true
