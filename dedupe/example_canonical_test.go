@@ -37,3 +37,22 @@ func ExampleCanonicalizer_Fingerprint() {
 	// {"amount":50,"coupon":"SPRING24","user":"u-42"}
 	// differs at: [/amount]
 }
+
+// Diff names the fields that make two payloads different requests, as the
+// dead letter of a conflict and `idemstream diff` do: volatile fields and
+// member order never count, numbers compare by value.
+func ExampleCanonicalizer_Diff() {
+	c, err := dedupe.NewCanonicalizer(dedupe.CanonicalRules{Volatile: []string{"/client_time"}})
+	if err != nil {
+		panic(err)
+	}
+	first := []byte(`{"user":"u-42","items":[{"sku":"A","qty":1}],"amount":50,"client_time":"12:00:00"}`)
+	reuse := []byte(`{"amount":50.0,"items":[{"sku":"A","qty":2}],"user":"u-7","client_time":"12:00:09"}`)
+	diff, err := c.Diff(first, reuse)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(diff)
+	// Output:
+	// [/items/0/qty /user]
+}
