@@ -183,41 +183,36 @@ func TestRunWaitsUntilRedisCanBeChecked(t *testing.T) {
 	}
 }
 
-// A server that refuses the check itself (here: a password the config does
-// not give) is no outage: run refuses at once, exit 2, naming store.redis,
-// instead of waiting for ever.
+// A server that refuses the check itself is no outage: run refuses at
+// once, exit 2, instead of waiting for ever. Without a password the server
+// answers NOAUTH; with a wrong one WRONGPASS, whose message ends "or user
+// is disabled" and must not pass for a server that forbids CONFIG.
 func TestRunRefusesWhenRedisRefusesTheLogin(t *testing.T) {
 	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true, Password: "s3cret"})
-	cfg := writeFile(t, t.TempDir(), "c.yaml", "kafka: {brokers: ['127.0.0.1:1']}\n"+
-		"store: {redis: {url: 'redis://"+srv.Addr+"/0'}}\n"+
-		"pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n")
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var stderr syncBuffer
-	code := run(ctx, []string{"run", "--config", cfg, "--metrics-addr", testenv.FreeAddr(t)}, strings.NewReader(""), io.Discard, &stderr, func(string) string { return "" })
-	if code != exitUsage || !strings.Contains(stderr.String(), "store.redis") || !strings.Contains(stderr.String(), "NOAUTH") {
-		t.Fatalf("run exited %d, want %d naming store.redis and NOAUTH; stderr:\n%s", code, exitUsage, stderr.String())
-	}
-}
-
-// A wrong password is no managed service forbidding CONFIG: WRONGPASS
-// ends "or user is disabled", which must not pass for a refused command.
-func TestRunRefusesAWrongRedisPassword(t *testing.T) {
-	srv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true, Password: "s3cret"})
-	cfg := writeFile(t, t.TempDir(), "c.yaml", "kafka: {brokers: ['127.0.0.1:1']}\n"+
-		"store: {redis: {url: 'redis://"+srv.Addr+"/0', password_env: REDIS_PASSWORD}}\n"+
-		"pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n")
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var stderr syncBuffer
-	getenv := func(k string) string {
-		if k == "REDIS_PASSWORD" {
-			return "wrong"
-		}
-		return ""
-	}
-	code := run(ctx, []string{"run", "--config", cfg, "--metrics-addr", testenv.FreeAddr(t)}, strings.NewReader(""), io.Discard, &stderr, getenv)
-	if code != exitUsage || !strings.Contains(stderr.String(), "WRONGPASS") || strings.Contains(stderr.String(), "redis settings checked") {
-		t.Fatalf("run exited %d, want %d naming WRONGPASS; stderr:\n%s", code, exitUsage, stderr.String())
+	for _, tc := range []struct {
+		name, extra, password, want string
+	}{
+		{"no password", "", "", "NOAUTH"},
+		{"wrong password", ", password_env: REDIS_PASSWORD", "wrong", "WRONGPASS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := writeFile(t, t.TempDir(), "c.yaml", "kafka: {brokers: ['127.0.0.1:1']}\n"+
+				"store: {redis: {url: 'redis://"+srv.Addr+"/0'"+tc.extra+"}}\n"+
+				"pipelines:\n  - {name: p, input: in, output: out, dlq: dlq, key: {format: any}}\n")
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			var stderr syncBuffer
+			getenv := func(k string) string {
+				if k == "REDIS_PASSWORD" {
+					return tc.password
+				}
+				return ""
+			}
+			code := run(ctx, []string{"run", "--config", cfg, "--metrics-addr", testenv.FreeAddr(t)}, strings.NewReader(""), io.Discard, &stderr, getenv)
+			out := stderr.String()
+			if code != exitUsage || !strings.Contains(out, "store.redis") || !strings.Contains(out, tc.want) || strings.Contains(out, "redis settings checked") {
+				t.Fatalf("run exited %d, want %d naming store.redis and %s; stderr:\n%s", code, exitUsage, tc.want, out)
+			}
+		})
 	}
 }
