@@ -1,7 +1,6 @@
 package dedupe
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -47,7 +46,7 @@ type CanonicalRules struct {
 type Canonicalizer struct {
 	rules  CanonicalRules
 	raw    bool
-	match  *pathMatcher // nil when no path rule is configured
+	match  *canonMatcher // nil when no path rule is configured
 	digest string
 }
 
@@ -89,7 +88,7 @@ func NewCanonicalizer(r CanonicalRules) (*Canonicalizer, error) {
 		unord = append(unord, p)
 	}
 	if len(vol)+len(unord) > 0 {
-		c.match = newPathMatcher(vol, unord)
+		c.match = compileMatcher(newPathMatcher(vol, unord))
 	}
 	c.digest = rulesDigest(c.rules.Payload, r.Volatile, r.Unordered)
 	return c, nil
@@ -149,8 +148,13 @@ func (c *Canonicalizer) AppendCanonical(dst, payload []byte) ([]byte, error) {
 		return append(dst, payload...), nil
 	}
 	s := getScratch()
-	defer putScratch(s)
-	return c.appendCanonical(s, dst, payload)
+	out, err := c.appendCanonical(s, s.out[:0], payload)
+	s.out = out
+	if err == nil {
+		dst = append(dst, out...)
+	}
+	putScratch(s)
+	return dst, err
 }
 
 // Fingerprint returns "sha256:<64 lowercase hex>" over the canonical form of
@@ -160,25 +164,15 @@ func (c *Canonicalizer) Fingerprint(payload []byte) (string, error) {
 		return formatSHA256(sha256.Sum256(payload)), nil
 	}
 	s := getScratch()
-	defer putScratch(s)
 	out, err := c.appendCanonical(s, s.out[:0], payload)
 	s.out = out
 	if err != nil {
+		putScratch(s)
 		return "", err
 	}
-	return formatSHA256(sha256.Sum256(out)), nil
-}
-
-func (c *Canonicalizer) appendCanonical(s *canonScratch, dst, payload []byte) ([]byte, error) {
-	if err := s.parse(payload); err != nil {
-		return dst, err
-	}
-	e := canonEmitter{s: s, m: c.match}
-	s.states = s.states[:0]
-	if c.match != nil {
-		s.states = append(s.states, 0)
-	}
-	return e.emit(dst, 0, 0, int32(len(s.states)), false), nil
+	sum := sha256.Sum256(out)
+	putScratch(s)
+	return formatSHA256(sum), nil
 }
 
 func formatSHA256(sum [sha256.Size]byte) string {
@@ -193,11 +187,15 @@ func formatSHA256(sum [sha256.Size]byte) string {
 // It is pooled so that a steady stream of payloads of similar size reaches a
 // state where canonicalizing allocates nothing.
 type canonScratch struct {
-	jsonParser
-	states []int32    // active path-matcher states, one run per open level
-	spans  []elemSpan // element spans of unordered arrays being emitted
-	tmp    []byte     // copy of an unordered array's elements while they are reordered
-	out    []byte     // Fingerprint's canonical output
+	frames  [MaxNestingDepth]canonFrame // the open containers, outermost first
+	data    []byte                      // the payload
+	members []canonMember               // members of the objects still open, innermost last
+	spans   []elemSpan                  // element spans of the unordered arrays still open
+	states  []int32                     // active path-matcher states, one run per open level
+	names   []byte                      // decoded member names that had escapes
+	num     []byte                      // digit buffer for number formatting
+	tmp     []byte                      // copy of a container's text while its parts are reordered
+	out     []byte                      // the canonical form, until it is hashed or copied to the caller
 }
 
 type elemSpan struct{ start, end int }
@@ -227,148 +225,14 @@ func putScratch(s *canonScratch) {
 	if cap(s.num) > maxPooledBytes {
 		s.num = nil
 	}
-	if cap(s.nodes) > maxPooledNodes {
-		s.nodes = nil
+	if cap(s.members) > maxPooledNodes {
+		s.members = nil
 	}
-	if cap(s.order) > maxPooledNodes {
-		s.order = nil
-	}
-	if cap(s.keys) > maxPooledNodes {
-		s.keys = nil
-	}
-	clear(s.keys[:cap(s.keys)]) // drop references into the payload
 	if cap(s.spans) > maxPooledNodes {
 		s.spans = nil
 	}
+	if cap(s.states) > maxPooledNodes {
+		s.states = nil
+	}
 	scratchPool.Put(s)
-}
-
-// canonEmitter writes the canonical form of a parsed payload.
-type canonEmitter struct {
-	s *canonScratch
-	m *pathMatcher
-}
-
-// emit appends the canonical form of node i. The path-matcher states that
-// the node's path reached are s.states[lo:hi]; unordered says whether one of
-// them marks the node unordered.
-func (e *canonEmitter) emit(dst []byte, i, lo, hi int32, unordered bool) []byte {
-	s := e.s
-	n := &s.nodes[i]
-	switch n.kind {
-	case vNull:
-		return append(dst, "null"...)
-	case vTrue:
-		return append(dst, "true"...)
-	case vFalse:
-		return append(dst, "false"...)
-	case vNumber:
-		lit := s.data[n.start:n.end]
-		if n.flags&flagPlainNumber != 0 {
-			if len(lit) == 2 && lit[0] == '-' && lit[1] == '0' {
-				return append(dst, '0')
-			}
-			return append(dst, lit...)
-		}
-		var out []byte
-		out, s.num = appendNumber(dst, lit, s.num)
-		return out
-	case vString:
-		if n.flags&flagEscaped == 0 {
-			return append(dst, s.data[n.start:n.end]...)
-		}
-		return appendEscapedString(dst, s.data[n.start+1:n.end-1])
-	case vObject:
-		return e.emitObject(dst, n, lo, hi)
-	default:
-		return e.emitArray(dst, i, n, lo, hi, unordered)
-	}
-}
-
-func (e *canonEmitter) emitObject(dst []byte, n *valueNode, lo, hi int32) []byte {
-	s := e.s
-	dst = append(dst, '{')
-	members := s.order[n.order : n.order+n.count]
-	first := true
-	for _, m := range members {
-		childLo := int32(len(s.states))
-		var fl matchFlags
-		if lo < hi {
-			fl = e.m.stepName(&s.states, lo, hi, s.key(m))
-			if fl&matchVolatile != 0 {
-				s.states = s.states[:childLo]
-				continue
-			}
-		}
-		if !first {
-			dst = append(dst, ',')
-		}
-		first = false
-		mn := &s.nodes[m]
-		if mn.flags&flagKeyDecoded != 0 {
-			dst = appendQuotedUTF8(dst, s.names[mn.keyStart:mn.keyEnd])
-		} else {
-			dst = append(dst, s.data[mn.keyStart-1:mn.keyEnd+1]...)
-		}
-		dst = append(dst, ':')
-		dst = e.emit(dst, m, childLo, int32(len(s.states)), fl&matchUnordered != 0)
-		s.states = s.states[:childLo]
-	}
-	return append(dst, '}')
-}
-
-func (e *canonEmitter) emitArray(dst []byte, i int32, n *valueNode, lo, hi int32, unordered bool) []byte {
-	s := e.s
-	dst = append(dst, '[')
-	base := len(dst)
-	spanLo := len(s.spans)
-	written := 0
-	child := i + 1
-	for k := int32(0); k < n.count; k, child = k+1, s.nodes[child].next {
-		childLo := int32(len(s.states))
-		var fl matchFlags
-		if lo < hi {
-			fl = e.m.stepIndex(&s.states, lo, hi, int(k))
-			if fl&matchVolatile != 0 {
-				s.states = s.states[:childLo]
-				continue
-			}
-		}
-		if written > 0 {
-			dst = append(dst, ',')
-		}
-		written++
-		start := len(dst)
-		dst = e.emit(dst, child, childLo, int32(len(s.states)), fl&matchUnordered != 0)
-		s.states = s.states[:childLo]
-		if unordered {
-			s.spans = append(s.spans, elemSpan{start, len(dst)})
-		}
-	}
-	if unordered && written > 1 {
-		dst = e.reorder(dst, base, spanLo)
-	}
-	s.spans = s.spans[:spanLo]
-	return append(dst, ']')
-}
-
-// reorder rewrites the elements written since base, whose spans are
-// s.spans[spanLo:], in bytewise order of their canonical encodings. Sorting
-// the already canonical bytes makes the order independent of how the
-// elements were spelled and of the members removed from inside them.
-func (e *canonEmitter) reorder(dst []byte, base, spanLo int) []byte {
-	s := e.s
-	spans := s.spans[spanLo:]
-	slices.SortFunc(spans, func(a, b elemSpan) int {
-		return bytes.Compare(dst[a.start:a.end], dst[b.start:b.end])
-	})
-	s.tmp = append(s.tmp[:0], dst[base:]...)
-	dst = dst[:base]
-	for j, sp := range spans {
-		if j > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, s.tmp[sp.start-base:sp.end-base]...)
-	}
-	return dst
 }

@@ -9,54 +9,9 @@ import (
 	"unicode/utf8"
 )
 
-type valueKind uint8
-
-const (
-	vNull valueKind = iota
-	vTrue
-	vFalse
-	vNumber
-	vString
-	vObject
-	vArray
-)
-
-const (
-	// flagEscaped marks a string token that contains a backslash escape.
-	flagEscaped uint8 = 1 << iota
-	// flagKeyDecoded marks a member whose name had escapes and was decoded
-	// into jsonParser.names; keyStart and keyEnd then index that buffer.
-	flagKeyDecoded
-	// flagPlainNumber marks an integer literal of at most 21 digits, which
-	// is already in canonical form except for "-0".
-	flagPlainNumber
-)
-
-// valueNode is one value of a parsed payload. Nodes are stored in document
-// (pre-)order in one flat slice, so a container's first child is the node
-// right after it and each node knows where its subtree ends.
-type valueNode struct {
-	start, end       int32 // the value's bytes, quotes and brackets included
-	keyStart, keyEnd int32 // member name without quotes, in the payload or in jsonParser.names
-	keyQuote         int32 // offset of the member name's opening quote
-	next             int32 // index of the first node after this subtree
-	count            int32 // number of members or elements
-	order            int32 // objects: start of the members' sorted indices in jsonParser.order
-	kind             valueKind
-	flags            uint8
-}
-
-// jsonParser validates a payload and records its structure. It keeps every
-// buffer between uses; see canonScratch.
-type jsonParser struct {
-	data  []byte
-	pos   int
-	nodes []valueNode
-	order []int32     // for each object, its member nodes sorted by name
-	names []byte      // decoded member names that had escapes
-	keys  []memberKey // one object's members while they are sorted
-	num   []byte      // digit buffer for number formatting
-}
+// This file holds the token-level validation shared by the canonicalizer
+// (canonical_scan.go) and jsonParser, which records a payload's structure
+// as a tree. The canonicalizer does not need the tree; Diff walks it.
 
 // malformedError reports why and where a payload is not canonicalizable.
 type malformedError struct {
@@ -114,100 +69,49 @@ const (
 
 func isJSONSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\r' || c == '\t' }
 
-func (p *jsonParser) skipSpace() {
-	for p.pos < len(p.data) && isJSONSpace(p.data[p.pos]) {
-		p.pos++
+// skipSpace returns the offset of the first byte from i on that is not
+// whitespace. Every whitespace byte is at most ' ', which lets the common
+// case of a token right at i cost one comparison.
+func skipSpace(d []byte, i int) int {
+	for uint(i) < uint(len(d)) && d[i] <= ' ' && isJSONSpace(d[i]) {
+		i++
 	}
+	return i
 }
 
-// parse validates data as one JSON text and records its nodes.
-func (p *jsonParser) parse(data []byte) error {
-	if len(data) > math.MaxInt32 {
-		return malformedAt(math.MaxInt32, "payload larger than 2 GiB")
+// literalError reports where the text at start stops spelling word.
+func literalError(d []byte, start int, word string) error {
+	for i := 0; i < len(word); i++ {
+		if start+i >= len(d) {
+			return eofError(d)
+		}
+		if d[start+i] != word[i] {
+			return malformedAt(start+i, "invalid character "+describeByte(d[start+i])+" in literal "+word)
+		}
 	}
-	p.data = data
-	p.pos = 0
-	p.nodes = p.nodes[:0]
-	p.order = p.order[:0]
-	p.names = p.names[:0]
-	p.skipSpace()
-	if err := p.value(0); err != nil {
-		return err
-	}
-	p.skipSpace()
-	if p.pos < len(p.data) {
-		return malformedAt(p.pos, "trailing data after the top-level value")
-	}
-	return nil
+	panic("literalError called on a matching literal")
 }
 
-func (p *jsonParser) eof() error { return malformedAt(len(p.data), "unexpected end of input") }
+func eofError(d []byte) error { return malformedAt(len(d), "unexpected end of input") }
 
-// value parses the value at p.pos; depth is the number of containers
-// enclosing it.
-func (p *jsonParser) value(depth int) error {
-	if p.pos >= len(p.data) {
-		return p.eof()
-	}
-	start := p.pos
-	switch c := p.data[p.pos]; c {
-	case '{':
-		return p.object(depth + 1)
-	case '[':
-		return p.array(depth + 1)
-	case '"':
-		end, escaped, err := p.scanString(start)
-		if err != nil {
-			return err
-		}
-		var fl uint8
-		if escaped {
-			fl = flagEscaped
-		}
-		p.pos = end
-		p.nodes = append(p.nodes, valueNode{kind: vString, flags: fl, start: int32(start), end: int32(end), next: int32(len(p.nodes) + 1)})
-		return nil
-	case 't':
-		return p.literal("true", vTrue)
-	case 'f':
-		return p.literal("false", vFalse)
-	case 'n':
-		return p.literal("null", vNull)
-	default:
-		if c == '-' || (c >= '0' && c <= '9') {
-			return p.number()
-		}
-		return malformedAt(start, "invalid character "+describeByte(c)+" looking for a value")
-	}
-}
-
-func (p *jsonParser) literal(word string, k valueKind) error {
-	start := p.pos
-	end := start + len(word)
-	if end > len(p.data) || string(p.data[start:end]) != word {
-		for i := 0; i < len(word); i++ {
-			if start+i >= len(p.data) {
-				return p.eof()
-			}
-			if p.data[start+i] != word[i] {
-				return malformedAt(start+i, "invalid character "+describeByte(p.data[start+i])+" in literal "+word)
-			}
-		}
-	}
-	p.pos = end
-	p.nodes = append(p.nodes, valueNode{kind: k, start: int32(start), end: int32(end), next: int32(len(p.nodes) + 1)})
-	return nil
-}
-
-func (p *jsonParser) number() error {
-	d := p.data
-	start := p.pos
+// scanNumber validates the number literal at start and returns the offset
+// just past it. canonEnd is the end of the literal's canonical form when
+// that form is a prefix of the literal, and -1 otherwise.
+//
+// The canonical form is a prefix for an integer of at most 21 digits other
+// than minus zero, and for a fraction without exponent whose integer part
+// has at most 21 digits, or is 0 and followed by at most five zeros before
+// the first significant digit: ECMAScript writes such a value in plain
+// notation with the literal's digits, only without trailing fraction zeros
+// (and without the point when nothing is left after it). Everything else,
+// exponents above all, goes through appendNumber.
+func scanNumber(d []byte, start int) (end, canonEnd int, err error) {
 	i := start
 	if d[i] == '-' {
 		i++
 	}
 	if i >= len(d) {
-		return p.eof()
+		return 0, 0, eofError(d)
 	}
 	intStart := i
 	switch {
@@ -219,69 +123,105 @@ func (p *jsonParser) number() error {
 			i++
 		}
 	default:
-		return malformedAt(i, "invalid character "+describeByte(d[i])+" in number")
+		return 0, 0, malformedAt(i, "invalid character "+describeByte(d[i])+" in number")
 	}
-	plain := i-intStart <= 21
+	canonEnd = i
+	if i-intStart > 21 {
+		canonEnd = -1
+	}
+	zeroInt := d[intStart] == '0'
 	if i < len(d) && d[i] == '.' {
-		plain = false
 		i++
 		if i >= len(d) {
-			return p.eof()
+			return 0, 0, eofError(d)
 		}
 		if d[i] < '0' || d[i] > '9' {
-			return malformedAt(i, "invalid character "+describeByte(d[i])+" after decimal point")
+			return 0, 0, malformedAt(i, "invalid character "+describeByte(d[i])+" after decimal point")
 		}
+		fracStart, firstNonZero, lastNonZero := i, -1, -1
 		for i < len(d) && d[i] >= '0' && d[i] <= '9' {
+			if d[i] != '0' {
+				if firstNonZero < 0 {
+					firstNonZero = i
+				}
+				lastNonZero = i
+			}
 			i++
+		}
+		if canonEnd >= 0 && lastNonZero >= 0 {
+			canonEnd = lastNonZero + 1
+			if zeroInt && firstNonZero-fracStart > 5 {
+				canonEnd = -1
+			}
 		}
 	}
 	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
-		plain = false
+		canonEnd = -1
 		i++
 		if i < len(d) && (d[i] == '+' || d[i] == '-') {
 			i++
 		}
 		if i >= len(d) {
-			return p.eof()
+			return 0, 0, eofError(d)
 		}
 		if d[i] < '0' || d[i] > '9' {
-			return malformedAt(i, "invalid character "+describeByte(d[i])+" in exponent")
+			return 0, 0, malformedAt(i, "invalid character "+describeByte(d[i])+" in exponent")
 		}
 		for i < len(d) && d[i] >= '0' && d[i] <= '9' {
 			i++
 		}
 	}
-	var fl uint8
-	if plain {
-		fl = flagPlainNumber
+	if zeroInt && canonEnd == intStart+1 && intStart != start {
+		canonEnd = -1 // minus zero is written "0"
 	}
-	p.pos = i
-	p.nodes = append(p.nodes, valueNode{kind: vNumber, flags: fl, start: int32(start), end: int32(i), next: int32(len(p.nodes) + 1)})
-	return nil
+	return i, canonEnd, nil
+}
+
+// plainEnd returns the offset of the first byte from i on that is a quote,
+// a backslash, a control character or not ASCII: the end of a run of
+// string content that stands for itself.
+//
+// The comparisons are unsigned so that the compiler can prove the loads in
+// bounds without checks of its own.
+func plainEnd(d []byte, i int) int {
+	for ; uint(i)+16 <= uint(len(d)); i += 16 {
+		w := d[i : i+16]
+		if hits := plainHits(binary.LittleEndian.Uint64(w)); hits != 0 {
+			return i + bits.TrailingZeros64(hits)>>3
+		}
+		if hits := plainHits(binary.LittleEndian.Uint64(w[8:])); hits != 0 {
+			return i + 8 + bits.TrailingZeros64(hits)>>3
+		}
+	}
+	if uint(i)+8 <= uint(len(d)) {
+		if hits := plainHits(binary.LittleEndian.Uint64(d[i : i+8])); hits != 0 {
+			return i + bits.TrailingZeros64(hits)>>3
+		}
+		i += 8
+	}
+	for uint(i) < uint(len(d)) && stringSafe[d[i]] {
+		i++
+	}
+	return i
+}
+
+// plainHits flags the high bit of each byte of x that plainEnd stops at,
+// with the "has a zero byte" tests: (v-lsb) &^ v & msb for v = x^c, and
+// (x-lsb*0x20) &^ x & msb for bytes below 0x20. They can flag a byte after
+// a real hit, never one before it, so the lowest flag is the first byte to
+// stop at. The "&^ v" only clears flags on bytes whose high bit is set, and
+// those are flagged anyway, as not ASCII; so it can go.
+func plainHits(x uint64) uint64 {
+	return (x | (x - lsb*0x20) | (x ^ (lsb * '"') - lsb) | (x ^ (lsb * '\\') - lsb)) & msb
 }
 
 // scanString validates the string whose opening quote is at start and
 // returns the offset just past its closing quote.
-func (p *jsonParser) scanString(start int) (end int, escaped bool, err error) {
-	d := p.data
+func scanString(d []byte, start int) (end int, escaped bool, err error) {
 	i := start + 1
-	for i < len(d) {
-		if i+8 <= len(d) {
-			// Eight bytes at a time: flag each control character, quote,
-			// backslash and non-ASCII byte with the "has a zero byte"
-			// tests. They can flag a byte after a real hit, never one
-			// before it, so the lowest flag is the first byte to handle.
-			x := binary.LittleEndian.Uint64(d[i:])
-			q, b := x^(lsb*'"'), x^(lsb*'\\')
-			hits := (x | (x-lsb*0x20)&^x | (q-lsb)&^q | (b-lsb)&^b) & msb
-			if hits == 0 {
-				i += 8
-				continue
-			}
-			i += bits.TrailingZeros64(hits) >> 3
-		} else if stringSafe[d[i]] {
-			i++
-			continue
+	for {
+		if i = plainEnd(d, i); i >= len(d) {
+			return 0, false, malformedAt(start, "unterminated string")
 		}
 		c := d[i]
 		switch {
@@ -289,7 +229,7 @@ func (p *jsonParser) scanString(start int) (end int, escaped bool, err error) {
 			return i + 1, escaped, nil
 		case c == '\\':
 			escaped = true
-			n, err := p.checkEscape(i)
+			n, err := checkEscape(d, i)
 			if err != nil {
 				return 0, false, err
 			}
@@ -304,14 +244,12 @@ func (p *jsonParser) scanString(start int) (end int, escaped bool, err error) {
 			i += size
 		}
 	}
-	return 0, false, malformedAt(start, "unterminated string")
 }
 
 // checkEscape validates the escape sequence at i and returns its length.
-func (p *jsonParser) checkEscape(i int) (int, error) {
-	d := p.data
+func checkEscape(d []byte, i int) (int, error) {
 	if i+1 >= len(d) {
-		return 0, p.eof()
+		return 0, eofError(d)
 	}
 	switch d[i+1] {
 	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
@@ -411,6 +349,119 @@ func appendDecoded(b, s []byte) []byte {
 	return b
 }
 
+type valueKind uint8
+
+const (
+	vNull valueKind = iota
+	vTrue
+	vFalse
+	vNumber
+	vString
+	vObject
+	vArray
+)
+
+// flagKeyDecoded marks a member whose name had escapes and was decoded
+// into jsonParser.names; keyStart and keyEnd then index that buffer.
+const flagKeyDecoded uint8 = 1
+
+// valueNode is one value of a parsed payload. Nodes are stored in document
+// (pre-)order in one flat slice, so a container's first child is the node
+// right after it and each node knows where its subtree ends.
+type valueNode struct {
+	start, end       int32 // the value's bytes, quotes and brackets included
+	keyStart, keyEnd int32 // member name without quotes, in the payload or in jsonParser.names
+	keyQuote         int32 // offset of the member name's opening quote
+	next             int32 // index of the first node after this subtree
+	count            int32 // number of members or elements
+	order            int32 // objects: start of the members' sorted indices in jsonParser.order
+	kind             valueKind
+	flags            uint8
+}
+
+// jsonParser validates a payload and records its structure as a tree of
+// valueNodes, for Diff. It accepts and rejects exactly what the
+// canonicalizer does, but favours simplicity over speed.
+type jsonParser struct {
+	data  []byte
+	pos   int
+	nodes []valueNode
+	order []int32     // for each object, its member nodes sorted by name
+	names []byte      // decoded member names that had escapes
+	keys  []memberKey // one object's members while they are sorted
+}
+
+// parse validates data as one JSON text and records its nodes.
+func (p *jsonParser) parse(data []byte) error {
+	if len(data) > math.MaxInt32 {
+		return malformedAt(math.MaxInt32, "payload larger than 2 GiB")
+	}
+	p.data = data
+	p.nodes = p.nodes[:0]
+	p.order = p.order[:0]
+	p.names = p.names[:0]
+	p.pos = skipSpace(data, 0)
+	if err := p.value(0); err != nil {
+		return err
+	}
+	if p.pos = skipSpace(data, p.pos); p.pos < len(data) {
+		return malformedAt(p.pos, "trailing data after the top-level value")
+	}
+	return nil
+}
+
+func (p *jsonParser) skipSpace() { p.pos = skipSpace(p.data, p.pos) }
+
+func (p *jsonParser) eof() error { return eofError(p.data) }
+
+func (p *jsonParser) leaf(k valueKind, start, end int) {
+	p.pos = end
+	p.nodes = append(p.nodes, valueNode{kind: k, start: int32(start), end: int32(end), next: int32(len(p.nodes) + 1)})
+}
+
+// value parses the value at p.pos; depth is the number of containers
+// enclosing it.
+func (p *jsonParser) value(depth int) error {
+	if p.pos >= len(p.data) {
+		return p.eof()
+	}
+	start := p.pos
+	switch c := p.data[p.pos]; c {
+	case '{':
+		return p.object(depth + 1)
+	case '[':
+		return p.array(depth + 1)
+	case '"':
+		end, _, err := scanString(p.data, start)
+		if err != nil {
+			return err
+		}
+		p.leaf(vString, start, end)
+	case 't', 'f', 'n':
+		word, k := "true", vTrue
+		if c == 'f' {
+			word, k = "false", vFalse
+		} else if c == 'n' {
+			word, k = "null", vNull
+		}
+		end := start + len(word)
+		if end > len(p.data) || string(p.data[start:end]) != word {
+			return literalError(p.data, start, word)
+		}
+		p.leaf(k, start, end)
+	default:
+		if c != '-' && (c < '0' || c > '9') {
+			return malformedAt(start, "invalid character "+describeByte(c)+" looking for a value")
+		}
+		end, _, err := scanNumber(p.data, start)
+		if err != nil {
+			return err
+		}
+		p.leaf(vNumber, start, end)
+	}
+	return nil
+}
+
 func (p *jsonParser) array(depth int) error {
 	start := p.pos
 	if depth > MaxNestingDepth {
@@ -472,7 +523,7 @@ func (p *jsonParser) object(depth int) error {
 				return malformedAt(p.pos, "invalid character "+describeByte(c)+" looking for a member name")
 			}
 			quote := p.pos
-			end, escaped, err := p.scanString(quote)
+			end, escaped, err := scanString(p.data, quote)
 			if err != nil {
 				return err
 			}

@@ -2,6 +2,8 @@ package dedupe
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math"
 	"unicode/utf8"
 )
 
@@ -35,6 +37,61 @@ func compareUTF16(a, b []byte) int {
 		return 1
 	}
 	return int(ca) - int(cb)
+}
+
+// namePrefix packs the first eight bytes of a member name, big-endian and
+// zero-padded, into an integer and maps them so that integer order is
+// compareUTF16 order: whenever two names' prefixes differ, comparing the
+// prefixes orders the names. (Padding cannot mislead: where a name ends,
+// the other name's byte is at least the padding's 0, and if it is 0 the
+// prefixes differ later or not at all.) Equal prefixes say nothing beyond
+// the first eight bytes being equal, and those names need a full compare.
+func namePrefix(name []byte) uint64 {
+	var x uint64
+	for i := range 8 {
+		x <<= 8
+		if i < len(name) {
+			x |= uint64(name[i])
+		}
+	}
+	return utf16Order(x)
+}
+
+// prefixAt is namePrefix(d[a:b]) for the common ASCII name that d holds
+// eight bytes of from a; ok is false for any other.
+func prefixAt(d []byte, a, b int) (prefix uint64, ok bool) {
+	if a+8 > len(d) {
+		return 0, false
+	}
+	x := binary.BigEndian.Uint64(d[a:])
+	if n := b - a; n < 8 {
+		x &^= math.MaxUint64 >> (8 * uint(n))
+	}
+	return x, x&msb == 0
+}
+
+// utf16Order rewrites the bytes 0xEE-0xF4 of a packed prefix so that the
+// lead bytes of supplementary characters (0xF0-0xF4) sort before those of
+// U+E000-U+FFFF (0xEE, 0xEF), the one place where UTF-16 order departs
+// from UTF-8 byte order (see compareUTF16). Only lead bytes take these
+// values in valid UTF-8, and the mapping permutes them, so equal bytes stay
+// equal and all other orders are kept.
+func utf16Order(x uint64) uint64 {
+	if x&msb == 0 {
+		return x
+	}
+	var y uint64
+	for shift := 56; shift >= 0; shift -= 8 {
+		c := byte(x >> shift)
+		switch {
+		case c >= 0xF0 && c <= 0xF4:
+			c -= 2
+		case c == 0xEE || c == 0xEF:
+			c += 5
+		}
+		y |= uint64(c) << shift
+	}
+	return y
 }
 
 const lowerHexDigits = "0123456789abcdef"

@@ -486,6 +486,34 @@ func TestCanonicalCompareUTF16(t *testing.T) {
 	}
 }
 
+// TestCanonicalNamePrefix checks that comparing the packed prefixes of two
+// names orders them as compareUTF16 does whenever the prefixes differ, and
+// that the single-load prefix agrees with the byte-wise one.
+func TestCanonicalNamePrefix(t *testing.T) {
+	alphabet := []rune{0, 'a', 'b', 0x7f, 0x80, 0x7ff, 0x800, 0xd7ff, 0xe000, 0xfb33, 0xffff, 0x10000, 0x1f600, 0x10ffff}
+	rng := rand.New(rand.NewPCG(17, 17))
+	sign := func(n int) int { return max(-1, min(1, n)) }
+	for i := 0; i < 50000; i++ {
+		a, b := randomRunes(rng, alphabet)+randomRunes(rng, alphabet), randomRunes(rng, alphabet)+randomRunes(rng, alphabet)
+		pa, pb := namePrefix([]byte(a)), namePrefix([]byte(b))
+		if pa != pb {
+			got := -1
+			if pa > pb {
+				got = 1
+			}
+			if want := sign(compareUTF16([]byte(a), []byte(b))); got != want {
+				t.Fatalf("prefixes of %+q and %+q compare %d, names %d", a, b, got, want)
+			}
+		} else if a[:min(len(a), 8)] != b[:min(len(b), 8)] && len(a) >= 8 && len(b) >= 8 {
+			t.Fatalf("%+q and %+q share a prefix but not their first eight bytes", a, b)
+		}
+		padded := []byte(`"` + a + `":0000000000`)
+		if p, ok := prefixAt(padded, 1, 1+len(a)); ok && p != pa {
+			t.Fatalf("prefixAt(%+q) = %x, namePrefix = %x", a, p, pa)
+		}
+	}
+}
+
 func randomRunes(rng *rand.Rand, alphabet []rune) string {
 	rs := make([]rune, rng.IntN(4))
 	for i := range rs {
