@@ -144,6 +144,11 @@ const (
 	groupLeaveTimeout = 10 * time.Second
 )
 
+// errLeaseTooShort is a lease a successor could outwait before a write of
+// unknown outcome has settled (doc.go): it could scan, miss the result and
+// write a second.
+var errLeaseTooShort = errors.New("lease too short")
+
 // StopTimeout is how long Run takes to return once its context ends, for
 // a pipeline whose DrainTimeout is drain, when Kafka and the store answer:
 // each partition finishes the batch in hand for up to drain, abandons what
@@ -211,7 +216,8 @@ func New(cfg Config) (*Pipeline, error) {
 		cfg.WriteTimeout = writeBudget
 	}
 	if lease := cfg.Decider.Policy().Lease(); lease < cfg.SettleWait+cfg.WriteTimeout {
-		return nil, fmt.Errorf("consumer: the lease (%v, twice pending_timeout) must outlast the settle wait (%v) plus a write (%v)", lease, cfg.SettleWait, cfg.WriteTimeout)
+		return nil, fmt.Errorf("consumer: %w: the lease (%v, twice pending_timeout) must outlast the settle wait (%v) plus a write (%v): raise pending_timeout or lower the settle wait",
+			errLeaseTooShort, lease, cfg.SettleWait, cfg.WriteTimeout)
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = cfg.SessionTimeout / 2

@@ -127,14 +127,6 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 		if err != nil {
 			return fail(err)
 		}
-		// A successor may scan for a result only once a write of unknown
-		// outcome has settled: the lease must outlast a write plus the
-		// settle wait (doc.go).
-		if lease := pol.Lease(); lease < o.SettleWait+writeBudget {
-			return fail(&schemas.FieldError{Field: fmt.Sprintf("pipelines[%d].pending_timeout", i),
-				Msg: fmt.Sprintf("%s makes a lease of %s, shorter than the settle wait (%s) plus %s for a write: raise pending_timeout or lower the settle wait",
-					pc.PendingTimeout, lease, o.SettleWait, writeBudget)})
-		}
 		d, err := dedupe.NewDecider(pol, store)
 		if err != nil {
 			return fail(err)
@@ -151,6 +143,9 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 			Decider: d, Store: store, Broker: io, Handler: o.Handlers[pc.Name], Metrics: metrics, Logger: o.Logger,
 			Instance: instance, SettleWait: o.SettleWait, DrainTimeout: o.DrainTimeout, BatchSize: o.BatchSize,
 		})
+		if errors.Is(err, errLeaseTooShort) {
+			return fail(&schemas.FieldError{Field: fmt.Sprintf("pipelines[%d].pending_timeout", i), Msg: err.Error()})
+		}
 		if err != nil {
 			return fail(err)
 		}

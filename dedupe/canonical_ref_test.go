@@ -790,3 +790,57 @@ func TestCanonicalNumberPrefix(t *testing.T) {
 		}
 	}
 }
+
+// The reference walks the tree matcher one step at a time; the production
+// code steps the compiled matcher (canonical_match.go) instead.
+
+// stepName pushes onto *states the states reached from (*states)[lo:hi] by
+// the member name, and returns the union of their flags.
+func (m *pathMatcher) stepName(states *[]int32, lo, hi int32, name []byte) matchFlags {
+	var fl matchFlags
+	for j := lo; j < hi; j++ {
+		n := &m.nodes[(*states)[j]]
+		if n.wild >= 0 {
+			*states = append(*states, n.wild)
+			fl |= m.nodes[n.wild].flags
+		}
+		if next, ok := n.literal(name); ok {
+			*states = append(*states, next)
+			fl |= m.nodes[next].flags
+		}
+	}
+	return fl
+}
+
+// stepIndex is stepName for an array element.
+func (m *pathMatcher) stepIndex(states *[]int32, lo, hi int32, index int) matchFlags {
+	var fl matchFlags
+	for j := lo; j < hi; j++ {
+		n := &m.nodes[(*states)[j]]
+		if n.wild >= 0 {
+			*states = append(*states, n.wild)
+			fl |= m.nodes[n.wild].flags
+		}
+		if n.indices != nil {
+			if next, ok := n.indices[index]; ok {
+				*states = append(*states, next)
+				fl |= m.nodes[next].flags
+			}
+		}
+	}
+	return fl
+}
+
+// literal returns the state reached from n by the literal token name.
+func (n *matcherNode) literal(name []byte) (int32, bool) {
+	for _, e := range n.lits {
+		if e.token == string(name) {
+			return e.next, true
+		}
+	}
+	if n.names != nil {
+		next, ok := n.names[string(name)]
+		return next, ok
+	}
+	return 0, false
+}

@@ -160,20 +160,6 @@ func newPathMatcher(volatile, unordered []Pointer) *pathMatcher {
 	return m
 }
 
-// literal returns the state reached from n by the literal token name.
-func (n *matcherNode) literal(name []byte) (int32, bool) {
-	for _, e := range n.lits {
-		if e.token == string(name) {
-			return e.next, true
-		}
-	}
-	if n.names != nil {
-		next, ok := n.names[string(name)]
-		return next, ok
-	}
-	return 0, false
-}
-
 func (m *pathMatcher) child(cur int32, token string) int32 {
 	if token == Wildcard {
 		if w := m.nodes[cur].wild; w >= 0 {
@@ -204,41 +190,4 @@ func (m *pathMatcher) child(cur int32, token string) int32 {
 func (m *pathMatcher) newNode() int32 {
 	m.nodes = append(m.nodes, matcherNode{wild: -1})
 	return int32(len(m.nodes) - 1)
-}
-
-// stepName pushes onto *states the states reached from (*states)[lo:hi] by
-// the member name, and returns the union of their flags.
-func (m *pathMatcher) stepName(states *[]int32, lo, hi int32, name []byte) matchFlags {
-	var fl matchFlags
-	for j := lo; j < hi; j++ {
-		n := &m.nodes[(*states)[j]]
-		if n.wild >= 0 {
-			*states = append(*states, n.wild)
-			fl |= m.nodes[n.wild].flags
-		}
-		if next, ok := n.literal(name); ok {
-			*states = append(*states, next)
-			fl |= m.nodes[next].flags
-		}
-	}
-	return fl
-}
-
-// stepIndex is stepName for an array element.
-func (m *pathMatcher) stepIndex(states *[]int32, lo, hi int32, index int) matchFlags {
-	var fl matchFlags
-	for j := lo; j < hi; j++ {
-		n := &m.nodes[(*states)[j]]
-		if n.wild >= 0 {
-			*states = append(*states, n.wild)
-			fl |= m.nodes[n.wild].flags
-		}
-		if n.indices != nil {
-			if next, ok := n.indices[index]; ok {
-				*states = append(*states, next)
-				fl |= m.nodes[next].flags
-			}
-		}
-	}
-	return fl
 }

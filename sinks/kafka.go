@@ -34,9 +34,6 @@ type Kafka struct {
 	// message.max.bytes once decompressed: written back uncompressed, its
 	// result or dead letter would be refused.
 	Compression kafka.Compression
-	// MaxFetchBytes bounds the records one Fetch returns (at least one
-	// whole batch comes back, whatever its size; 0: 4 MiB).
-	MaxFetchBytes int
 
 	mu         sync.Mutex
 	partitions map[string]partitionCount
@@ -50,7 +47,7 @@ type partitionCount struct {
 // NewKafka returns a writer on client. It starts nothing.
 func NewKafka(client *kafka.Client) *Kafka {
 	return &Kafka{client: client, MaxRequestBytes: 512 << 10, PartitionsTTL: 30 * time.Second, Compression: DefaultCompression,
-		MaxFetchBytes: 4 << 20, partitions: map[string]partitionCount{}}
+		partitions: map[string]partitionCount{}}
 }
 
 // DefaultCompression is lz4: the codec producers pick most for throughput,
@@ -377,7 +374,7 @@ type Fetched struct {
 // input for the consumer as well as the output for recovery scans and
 // replies, so that one code path turns fetch responses into messages.
 func (k *Kafka) Fetch(ctx context.Context, topic string, partition int, offset int64, maxWait time.Duration) ([]Fetched, int64, error) {
-	return k.FetchUpTo(ctx, topic, partition, offset, maxWait, k.MaxFetchBytes)
+	return k.FetchUpTo(ctx, topic, partition, offset, maxWait, 0)
 }
 
 // FetchUpTo is Fetch with its own bound on the bytes returned (at least one
