@@ -21,7 +21,7 @@ func (s *RedisServer) Port() int { return s.port }
 
 // StartRedisReplica starts a private redis-server that replicates from
 // master (host:port, which may be a ReplicationProxy), and waits until its
-// link to the master is up.
+// link to the master is up and the master lists it online.
 func StartRedisReplica(t testing.TB, master string, cfg RedisConfig) *RedisServer {
 	t.Helper()
 	host, port, err := net.SplitHostPort(master)
@@ -31,6 +31,10 @@ func StartRedisReplica(t testing.TB, master string, cfg RedisConfig) *RedisServe
 	cfg.Args = append(append([]string{}, cfg.Args...), "--replicaof", host, port)
 	r := StartRedis(t, cfg)
 	WaitRedisInfo(t, r.Addr, "master_link_status:up", 20*time.Second)
+	// The master lists a replica online only once its first REPLCONF ACK
+	// came (up to a second after the sync): until then a check of
+	// min_replicas counts it out.
+	WaitRedisInfo(t, master, "state=online", 20*time.Second)
 	return r
 }
 
