@@ -87,12 +87,12 @@ type pointerStats struct {
 	examples []string
 }
 
-// Analyzer is the first pass of an audit: it groups records by key and
+// analyzer is the first pass of an audit: it groups records by key and
 // finds which values change between copies of one key. It keeps a
 // summary of a key's first copy (one 8-byte entry per JSON value) while
 // the window of that copy is open, and about a hundred bytes per key
 // after that.
-type Analyzer struct {
+type analyzer struct {
 	opts    Options
 	decider *dedupe.Decider
 	canon   *dedupe.Canonicalizer
@@ -123,15 +123,15 @@ type invalidStats struct {
 	examples []string
 }
 
-// NewAnalyzer checks the options and builds the first pass.
-func NewAnalyzer(opts Options) (*Analyzer, error) {
+// newAnalyzer checks the options and builds the first pass.
+func newAnalyzer(opts Options) (*analyzer, error) {
 	opts = opts.withDefaults()
 	d, err := dedupe.NewDecider(opts.Policy, nil)
 	if err != nil {
 		return nil, err
 	}
 	p := newPaths()
-	return &Analyzer{
+	return &analyzer{
 		opts: opts, decider: d, canon: d.Canonicalizer(), raw: d.Canonicalizer().Rules().Payload == dedupe.PayloadRaw,
 		paths: p, walker: newWalker(p), keys: map[string]*keyState{},
 		window:  int64(opts.Policy.Window),
@@ -141,10 +141,10 @@ func NewAnalyzer(opts Options) (*Analyzer, error) {
 }
 
 // Options returns the options in effect, defaults filled in.
-func (a *Analyzer) Options() Options { return a.opts }
+func (a *analyzer) Options() Options { return a.opts }
 
 // Keys returns the number of keys tracked.
-func (a *Analyzer) Keys() int { return len(a.keys) }
+func (a *analyzer) Keys() int { return len(a.keys) }
 
 func unixNano(t time.Time) int64 {
 	if t.IsZero() {
@@ -155,7 +155,7 @@ func unixNano(t time.Time) int64 {
 
 // Add looks at one record. Records of one partition must come in offset
 // order; records of several partitions roughly in time order (see Source).
-func (a *Analyzer) Add(rec *dedupe.Record) {
+func (a *analyzer) Add(rec *dedupe.Record) {
 	a.records++
 	if a.topic == "" {
 		a.topic = rec.Topic
@@ -207,7 +207,7 @@ const maxExamples = 3
 
 // look compares the payload with the first copy of the key's window, or
 // makes it the first copy of a new window.
-func (a *Analyzer) look(ks *keyState, rec *dedupe.Record, t int64) {
+func (a *analyzer) look(ks *keyState, rec *dedupe.Record, t int64) {
 	var err error
 	a.canonB, err = a.canon.AppendCanonical(a.canonB[:0], rec.Value)
 	if err != nil {
@@ -238,7 +238,7 @@ func (a *Analyzer) look(ks *keyState, rec *dedupe.Record, t int64) {
 
 // sweep drops the summaries of windows that are over: a later copy starts
 // a new window and never compares with them.
-func (a *Analyzer) sweep() {
+func (a *analyzer) sweep() {
 	for a.head < len(a.queue) {
 		e := a.queue[a.head]
 		if a.watermark-e.start < a.window {
@@ -264,7 +264,7 @@ type diffEntry struct {
 
 // compare finds where the payload just walked (t) differs from the first
 // copy (s) and counts each differing pointer once per key.
-func (a *Analyzer) compare(ks *keyState, s, t summary) {
+func (a *analyzer) compare(ks *keyState, s, t summary) {
 	if len(s) > 0 && len(t) > 0 && s[0] == t[0] && s[0]>>32 == 0 {
 		return // the whole payloads are equal (entry 0 is the root)
 	}
@@ -340,7 +340,7 @@ func (a *Analyzer) compare(ks *keyState, s, t summary) {
 }
 
 // under reports whether an ancestor of id is one of arrays.
-func (a *Analyzer) under(id uint32, arrays []uint32) bool {
+func (a *analyzer) under(id uint32, arrays []uint32) bool {
 	if len(arrays) == 0 {
 		return false
 	}
@@ -357,7 +357,7 @@ func (a *Analyzer) under(id uint32, arrays []uint32) bool {
 // most values with. When that pairing beats the elements' own positions,
 // the array was reordered: it notes the reorder and what differs inside
 // the paired elements, and returns true. Otherwise the positions stand.
-func (a *Analyzer) matchElements(ks *keyState, id uint32, s summary) bool {
+func (a *analyzer) matchElements(ks *keyState, id uint32, s summary) bool {
 	nodes := a.walker.nodes
 	arr := -1
 	for i, n := range nodes {
@@ -453,7 +453,7 @@ func (a *Analyzer) matchElements(ks *keyState, id uint32, s summary) bool {
 // element at pointer sPtr, place by place. Values only in S's element
 // are not named: their pointers are not in T, and a removed field of a
 // moved element is rare enough to leave to the positions.
-func (a *Analyzer) diffElement(ks *keyState, e int, sPtr string, s summary) {
+func (a *analyzer) diffElement(ks *keyState, e int, sPtr string, s summary) {
 	nodes := a.walker.nodes
 	prefix := a.paths.info[nodes[e].id].ptr
 	skipUntil := int32(-1)
@@ -482,7 +482,7 @@ func (a *Analyzer) diffElement(ks *keyState, e int, sPtr string, s summary) {
 
 // reordered reports the outermost array above id whose elements are the
 // same in both copies, in another order.
-func (a *Analyzer) reordered(id uint32, s, t summary) (uint32, bool) {
+func (a *analyzer) reordered(id uint32, s, t summary) (uint32, bool) {
 	found, ok := noPath, false
 	for p := a.paths.info[id].parent; p != noPath; p = a.paths.info[p].parent {
 		sh, okS := s.find(p)
@@ -496,7 +496,7 @@ func (a *Analyzer) reordered(id uint32, s, t summary) (uint32, bool) {
 
 // valueOf returns the value at id in the payload just walked, clipped, as
 // an example.
-func (a *Analyzer) valueOf(id uint32) string {
+func (a *analyzer) valueOf(id uint32) string {
 	for _, n := range a.walker.nodes {
 		if n.id == id {
 			return exampleText(a.canonB[n.start:n.end])
@@ -524,7 +524,7 @@ func exampleText(b []byte) string {
 }
 
 // note counts gen for the key once, and keeps up to two distinct examples.
-func (a *Analyzer) note(ks *keyState, gen uint32, example string) {
+func (a *analyzer) note(ks *keyState, gen uint32, example string) {
 	if slices.Contains(ks.diffs, gen) {
 		a.addExample(gen, example)
 		return
@@ -543,7 +543,7 @@ func (a *Analyzer) note(ks *keyState, gen uint32, example string) {
 	a.addExample(gen, example)
 }
 
-func (a *Analyzer) addExample(gen uint32, example string) {
+func (a *analyzer) addExample(gen uint32, example string) {
 	if gen&genReorder != 0 || example == "" {
 		return
 	}
@@ -553,8 +553,8 @@ func (a *Analyzer) addExample(gen uint32, example string) {
 	}
 }
 
-func (a *Analyzer) gen(id uint32) string { return a.paths.gens[id] }
+func (a *analyzer) gen(id uint32) string { return a.paths.gens[id] }
 
-func (a *Analyzer) String() string {
+func (a *analyzer) String() string {
 	return fmt.Sprintf("audit of %d records, %d keys", a.records, len(a.keys))
 }

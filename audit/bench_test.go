@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/idemstream/idemstream/audit"
-	"github.com/idemstream/idemstream/audit/audittest"
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/audittest"
 )
 
 const benchRecords = 100_000

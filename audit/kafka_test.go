@@ -9,8 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemstream/idemstream/audit"
-	"github.com/idemstream/idemstream/audit/audittest"
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/audittest"
 	"github.com/idemstream/idemstream/internal/testenv"
 	"github.com/idemstream/idemstream/sinks"
 )

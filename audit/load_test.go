@@ -14,8 +14,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemstream/idemstream/audit"
-	"github.com/idemstream/idemstream/audit/audittest"
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/audittest"
 	"github.com/idemstream/idemstream/internal/testenv"
 	"github.com/idemstream/idemstream/sinks"
 )

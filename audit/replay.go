@@ -49,13 +49,13 @@ type Decisions struct {
 	KeyOnly    Counts `json:"key_only"`
 }
 
-// Replayer decides records as idemstream would, with the decision table
+// replayer decides records as idemstream would, with the decision table
 // of the store (decide.Decide) and the decider's key and fingerprint
 // ([dedupe.Decider.Prepare]), so that an audit and a consumer with the
 // same rules cannot disagree. Time is the records' timestamps (as with
 // clock: event); every first copy counts as handled successfully. It keeps
 // 16 bytes per rule and key while the key's window is open.
-type Replayer struct {
+type replayer struct {
 	window   time.Duration
 	idem     *dedupe.Decider
 	raw      *dedupe.Decider
@@ -79,9 +79,9 @@ type compact struct {
 	set   bool
 }
 
-// NewReplayer replays under the policy's key rules, canonical rules and
+// newReplayer replays under the policy's key rules, canonical rules and
 // window, with strict semantics for the idemstream rule.
-func NewReplayer(p dedupe.Policy) (*Replayer, error) {
+func newReplayer(p dedupe.Policy) (*replayer, error) {
 	p.Semantics = dedupe.Strict
 	idem, err := dedupe.NewDecider(p, nil)
 	if err != nil {
@@ -94,17 +94,17 @@ func NewReplayer(p dedupe.Policy) (*Replayer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Replayer{window: p.Window, idem: idem, raw: raw, digest: idem.Canonicalizer().RulesDigest(), keys: map[string]*replayKey{}}, nil
+	return &replayer{window: p.Window, idem: idem, raw: raw, digest: idem.Canonicalizer().RulesDigest(), keys: map[string]*replayKey{}}, nil
 }
 
 // Records returns the number of records decided.
-func (r *Replayer) Records() int64 { return r.records }
+func (r *replayer) Records() int64 { return r.records }
 
 // Decisions returns the counts so far.
-func (r *Replayer) Decisions() Decisions { return r.counts }
+func (r *replayer) Decisions() Decisions { return r.counts }
 
 // Add decides one record under the three rules.
-func (r *Replayer) Add(rec *dedupe.Record) {
+func (r *replayer) Add(rec *dedupe.Record) {
 	r.records++
 	t := unixNano(rec.Time)
 	ip := r.idem.Prepare(rec)
@@ -161,7 +161,7 @@ func (r *Replayer) Add(rec *dedupe.Record) {
 
 // apply runs the store's decision table on a compact entry and keeps the
 // entry it leaves.
-func (r *Replayer) apply(e *compact, key, fingerprint string, sem dedupe.Semantics, t int64) (dedupe.Verdict, bool) {
+func (r *replayer) apply(e *compact, key, fingerprint string, sem dedupe.Semantics, t int64) (dedupe.Verdict, bool) {
 	now := time.Unix(0, t)
 	fp := fingerprint[len("sha256:") : len("sha256:")+16]
 	req := dedupe.DecideRequest{

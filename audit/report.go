@@ -131,11 +131,11 @@ type Report struct {
 const minVolatileKeys = 3
 
 // Report summarizes the first pass. Decisions are filled in by Run.
-func (a *Analyzer) Report() *Report { return report([]*Analyzer{a}) }
+func (a *analyzer) Report() *Report { return report([]*analyzer{a}) }
 
 // report summarizes the first pass of analyzers that each saw the
 // records of some keys (Run shards keys over the processors).
-func report(shards []*Analyzer) *Report {
+func report(shards []*analyzer) *Report {
 	a0 := shards[0]
 	pol := a0.opts.Policy
 	r := &Report{
@@ -155,7 +155,7 @@ func report(shards []*Analyzer) *Report {
 	parts := map[int]bool{}
 	var h histogram
 	pointers, reorders := map[string]*pointerStats{}, map[string]*pointerStats{}
-	merge := func(into map[string]*pointerStats, a *Analyzer, from map[uint32]*pointerStats) {
+	merge := func(into map[string]*pointerStats, a *analyzer, from map[uint32]*pointerStats) {
 		for gen, st := range from {
 			m := into[a.gen(gen)]
 			if m == nil {
@@ -252,7 +252,7 @@ func report(shards []*Analyzer) *Report {
 }
 
 // suggest proposes the window, the retry interval and the rules.
-func (a *Analyzer) suggest(r *Report) Suggested {
+func (a *analyzer) suggest(r *Report) Suggested {
 	pol := a.opts.Policy
 	s := Suggested{Semantics: string(dedupe.Strict)}
 	if a.opts.Configured {
@@ -263,12 +263,12 @@ func (a *Analyzer) suggest(r *Report) Suggested {
 		clientMax = a.opts.ClientMaxRetryInterval
 	}
 	if r.RetryInterval.Count > 0 {
-		clientMax = max(ReadableUp(r.RetryInterval.P99.D()), time.Second)
+		clientMax = max(readableUp(r.RetryInterval.P99.D()), time.Second)
 		s.Why = append(s.Why, "client_max_retry_interval: p99 of "+itoa(r.RetryInterval.Count)+" retry intervals ("+r.RetryInterval.P99.String()+"), rounded up")
 	} else {
 		s.Why = append(s.Why, "client_max_retry_interval: no key seen twice, kept "+Duration(clientMax).String())
 	}
-	window := ReadableUp(clientMax * 3 / 2)
+	window := readableUp(clientMax * 3 / 2)
 	base := dedupe.Strict.DefaultWindow()
 	if a.opts.Configured {
 		base = pol.Window
@@ -299,7 +299,7 @@ func (a *Analyzer) suggest(r *Report) Suggested {
 
 // reused finds the keys seen again more than window after their previous
 // copy, longest gaps first.
-func reused(shards []*Analyzer, window time.Duration) Reused {
+func reused(shards []*analyzer, window time.Duration) Reused {
 	var hits []*keyState
 	for _, a := range shards {
 		for _, ks := range a.keys {
@@ -333,9 +333,9 @@ var ladder = []time.Duration{
 	time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour,
 }
 
-// ReadableUp rounds d up to a duration a person would write: 1, 2, 5,
+// readableUp rounds d up to a duration a person would write: 1, 2, 5,
 // 10, 15, 20, 30, 45 of a unit, or whole days.
-func ReadableUp(d time.Duration) time.Duration {
+func readableUp(d time.Duration) time.Duration {
 	for _, l := range ladder {
 		if d <= l {
 			return l

@@ -48,7 +48,7 @@ const maxShards = 8
 // read a second time.
 //
 // Keys are independent of each other, so Run spreads them over one
-// goroutine per processor (up to 8), each with an Analyzer and a Replayer
+// goroutine per processor (up to 8), each with an analyzer and a replayer
 // of its own, and merges their reports: every key is seen by one of them,
 // in the order read.
 func Run(ctx context.Context, src Source, opts Options) (*Report, error) {
@@ -58,16 +58,16 @@ func Run(ctx context.Context, src Source, opts Options) (*Report, error) {
 		n = 1 // the key is inside the payload: routing would parse it twice
 	}
 	route := router(opts.Policy.Key, n)
-	analyzers := make([]*Analyzer, n)
-	replayers := make([]*Replayer, n)
+	analyzers := make([]*analyzer, n)
+	replayers := make([]*replayer, n)
 	for i := range n {
-		a, err := NewAnalyzer(opts)
+		a, err := newAnalyzer(opts)
 		if err != nil {
 			return nil, err
 		}
 		analyzers[i] = a
 		if opts.Configured {
-			if replayers[i], err = NewReplayer(a.Options().Policy); err != nil {
+			if replayers[i], err = newReplayer(a.Options().Policy); err != nil {
 				return nil, err
 			}
 		}
@@ -97,7 +97,7 @@ func Run(ctx context.Context, src Source, opts Options) (*Report, error) {
 		pol.Rules.Volatile, pol.Rules.Unordered = rep.Suggested.Volatile, rep.Suggested.Unordered
 		pol.Window = rep.Suggested.Window.D()
 		for i := range n {
-			if replayers[i], err = NewReplayer(pol); err != nil {
+			if replayers[i], err = newReplayer(pol); err != nil {
 				return nil, fmt.Errorf("the suggested rules: %w", err)
 			}
 		}

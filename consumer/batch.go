@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/envelope"
 	"github.com/idemstream/idemstream/sinks"
 )
 
@@ -124,7 +125,7 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 		firstIn     = map[string]*firstCopy{}
 	)
 	deadLetter := func(i int, reason dedupe.Reason, cause error, paths []string) {
-		dlq = append(dlq, sinks.DeadLetter(p.cfg.DLQ, &recs[i], &outs[i], reason, cause, paths))
+		dlq = append(dlq, envelope.DeadLetter(p.cfg.DLQ, &recs[i], &outs[i], reason, cause, paths))
 		reasons[reason]++
 	}
 	for i := range outs {
@@ -147,7 +148,7 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 				fc.failed(dedupe.ReasonHandlerFailed, herr)
 				continue
 			}
-			msg := sinks.Result(p.cfg.Output, int(fc.intent.Partition), rec, o, res.Value, res.Headers)
+			msg := envelope.Result(p.cfg.Output, int(fc.intent.Partition), rec, o, res.Value, res.Headers)
 			if p.cfg.Identity != "" {
 				msg.Headers = append(msg.Headers, dedupe.Header{Key: sinks.HeaderPipeline, Value: p.identity})
 			}
@@ -429,14 +430,14 @@ func trimmed(m sinks.Message, try int) (sinks.Message, bool) {
 			if m.Key == nil && !hasForeignHeaders(m.Headers) {
 				return m, false
 			}
-			return sinks.TrimDeadLetter(m, 0, true), true
+			return envelope.TrimDeadLetter(m, 0, true), true
 		}
 	}
 	keep := size / 2
 	if keep < 1024 {
 		keep = 0
 	}
-	return sinks.TrimDeadLetter(m, keep, false), true
+	return envelope.TrimDeadLetter(m, keep, false), true
 }
 
 func hasForeignHeaders(hs []dedupe.Header) bool {
@@ -560,7 +561,7 @@ func (p *Pipeline) writeReplies(ctx context.Context, pz *pauser, recs []dedupe.R
 				continue
 			}
 		}
-		msgs = append(msgs, sinks.Reply(p.cfg.Replies, stored, &recs[r.rec]))
+		msgs = append(msgs, envelope.Reply(p.cfg.Replies, stored, &recs[r.rec]))
 	}
 	// A reply is the stored result or nothing: one the topic refuses for
 	// its size is left out and counted, never trimmed.

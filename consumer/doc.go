@@ -73,7 +73,7 @@
 //     the broker refuses for its size is written again trimmed: its
 //     payload halved down to none, then without the input's key and
 //     headers; the reason, source, fingerprint and size stay
-//     (sinks.TrimDeadLetter). A reply is the stored result or nothing: one
+//     (internal/envelope.TrimDeadLetter). A reply is the stored result or nothing: one
 //     too large is skipped and counted.
 //  7. Complete (results.complete): SUCCESS with the result's offset, or
 //     FAILED; only the owner token may.

@@ -11,6 +11,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/envelope"
+	"github.com/idemstream/idemstream/internal/partition"
 	"github.com/idemstream/idemstream/sinks"
 )
 
@@ -132,7 +134,7 @@ func (r *results) decide(ctx context.Context) error {
 		nOut, floors := r.floors.n, r.floors.ends
 		if err == nil {
 			intent := func(rec *dedupe.Record, key string) dedupe.Intent {
-				q := sinks.PartitionFor(sinks.ResultKey(rec, key), nOut)
+				q := partition.For(envelope.ResultKey(rec, key), nOut)
 				return dedupe.Intent{Partition: int32(q), Floor: floors[q]}
 			}
 			r.intent = intent
@@ -198,7 +200,7 @@ func (r *results) newFirstCopy(i int, o *dedupe.Outcome, nOut int) *firstCopy {
 		// No partition recorded (an entry from before intents):
 		// chosen now, with this batch's floor, below anything this
 		// holder writes for it.
-		q := sinks.PartitionFor(sinks.ResultKey(rec, o.Key), nOut)
+		q := partition.For(envelope.ResultKey(rec, o.Key), nOut)
 		intent.Partition, intent.Floor = int32(q), dedupe.NoPosition
 		if f, ok := r.floors.ends[q]; ok {
 			intent.Floor = f

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/dedupe/memstore"
@@ -58,7 +57,7 @@ type Service struct {
 	log       *slog.Logger
 	store     dedupe.Store // the raw store, for probes
 	closeFn   func() error
-	transport *kafka.Transport
+	kafka     *sinks.Kafka
 	pipelines []*Pipeline
 	probe     storeProbe
 	settings  *settingsCheck // nil: the store's settings are not checked
@@ -89,7 +88,11 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 			return nil, fmt.Errorf("consumer: a handler for pipeline %q, which the configuration does not have", name)
 		}
 	}
-	dialer, transport, err := sinks.Security(cfg, o.Getenv)
+	dialer, _, err := sinks.Security(cfg, o.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	writer, err := sinks.Connect(cfg, o.Getenv)
 	if err != nil {
 		return nil, err
 	}
@@ -110,16 +113,11 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 	// used again.
 	fail := func(err error) (*Service, error) { reg.undo(); return nil, errors.Join(err, closeStore()) }
 	store := instrumentStore(rawStore, metrics)
-	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
-	writer := sinks.NewKafka(client)
-	if writer.Compression, err = sinks.ParseCompression(cfg.Kafka.Compression); err != nil {
-		return fail(&schemas.FieldError{Field: "kafka.compression", Msg: err.Error()})
-	}
 	var io Broker = writer
 	if o.WrapBroker != nil {
 		io = o.WrapBroker(io)
 	}
-	s := &Service{log: o.Logger, store: rawStore, closeFn: closeStore, transport: transport,
+	s := &Service{log: o.Logger, store: rawStore, closeFn: closeStore, kafka: writer,
 		probe: storeProbe{store: rawStore}, settings: newSettingsCheck(cfg, rawStore, o.Logger, metrics), recheck: o.SettingsRecheck}
 	instance := instanceID()
 	for i, pc := range cfg.Pipelines {
@@ -235,7 +233,7 @@ func (s *Service) Ready(ctx context.Context) []string {
 // Close releases the store's and Kafka's connections; call it once Run
 // has returned.
 func (s *Service) Close() error {
-	s.transport.CloseIdleConnections()
+	_ = s.kafka.Close()
 	return s.closeFn()
 }
 

@@ -138,7 +138,7 @@ func (d *Decider) extractKey(rec *Record) (string, error) {
 	case KeyFromMessageKey:
 		raw = string(rec.Key)
 	case KeyFromField:
-		v, found, err := LookupString(rec.Value, d.field)
+		v, found, err := lookupString(rec.Value, d.field)
 		if err != nil {
 			if errors.Is(err, ErrMalformedPayload) {
 				return "", err

@@ -7,11 +7,11 @@ import (
 	"strconv"
 )
 
-// LookupString returns the string at pointer p in a JSON payload, and
+// lookupString returns the string at pointer p in a JSON payload, and
 // false when nothing is there. A value of another type is an error: a key
 // of 42 and a key of "42" must not silently become one key. The scan
 // streams past siblings instead of decoding the whole payload.
-func LookupString(payload []byte, p Pointer) (string, bool, error) {
+func lookupString(payload []byte, p Pointer) (string, bool, error) {
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.UseNumber()
 	for _, want := range p.Tokens() {

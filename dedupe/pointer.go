@@ -8,13 +8,13 @@ import (
 	"unicode/utf8"
 )
 
-// Wildcard is the reference token that matches any single array index or
+// wildcard is the reference token that matches any single array index or
 // member name. A member literally named "*" therefore cannot be addressed on
 // its own; rules are about shapes of requests, where that trade is cheap.
-const Wildcard = "*"
+const wildcard = "*"
 
 // Pointer is a parsed JSON Pointer (RFC 6901) whose reference tokens may be
-// the Wildcard. The zero Pointer has no tokens and is not produced by
+// the wildcard. The zero Pointer has no tokens and is not produced by
 // ParsePointer.
 type Pointer struct {
 	raw    string
@@ -80,7 +80,7 @@ func (p Pointer) Match(path []string) bool {
 		return false
 	}
 	for i, t := range p.tokens {
-		if t != Wildcard && t != path[i] {
+		if t != wildcard && t != path[i] {
 			return false
 		}
 	}
@@ -161,7 +161,7 @@ func newPathMatcher(volatile, unordered []Pointer) *pathMatcher {
 }
 
 func (m *pathMatcher) child(cur int32, token string) int32 {
-	if token == Wildcard {
+	if token == wildcard {
 		if w := m.nodes[cur].wild; w >= 0 {
 			return w
 		}

@@ -49,15 +49,6 @@ const (
 	KeyFromMessageKey KeySource = "message_key"
 )
 
-// ParseKeySource accepts header, field and message_key.
-func ParseKeySource(s string) (KeySource, error) {
-	switch KeySource(s) {
-	case KeyFromHeader, KeyFromField, KeyFromMessageKey:
-		return KeySource(s), nil
-	}
-	return "", fmt.Errorf("unknown key source %q: want header, field or message_key", s)
-}
-
 // KeyFormat validates and normalizes idempotency keys.
 type KeyFormat struct {
 	spec string

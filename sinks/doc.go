@@ -13,15 +13,6 @@
 //	reason, _ := sinks.HeaderValue(headers, sinks.HeaderReason) // on a dead letter: conflict, handler_failed, ...
 //	why, _ := sinks.HeaderValue(headers, sinks.HeaderError)     // one readable sentence
 //
-// # Building the records
-//
-// [Result], [DeadLetter] and [Reply] build the records from an input
-// record and its outcome; the consumer package calls them, and a program
-// that decides records itself (dedupe.Decider) can too, so that its records
-// look like idemstream's to every tool downstream. [PartitionFor] is the
-// partitioner of result records (murmur2 of the key, as Java producers
-// pick it): the exactly-once design records the partition before writing.
-//
 // # Writing
 //
 // [Kafka] is the writer and reader the consumer uses (kafka-go's low-level

@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/partition"
 )
 
 // Kafka writes messages with kafka-go's Client: requests per topic
@@ -147,19 +148,6 @@ func refusedForGood(err error) bool {
 	return false
 }
 
-var balancer = &kafka.Murmur2Balancer{}
-
-// PartitionFor is the partition of key among n: murmur2, as Java producers
-// and kafka-go's Murmur2Balancer pick it, so that results of one key stay
-// in one partition whoever writes them.
-func PartitionFor(key []byte, n int) int {
-	parts := make([]int, n)
-	for i := range parts {
-		parts[i] = i
-	}
-	return balancer.Balance(kafka.Message{Key: key}, parts...)
-}
-
 // Write produces msgs and returns where each landed, in order. The
 // messages of one topic partition go in order, in requests of at most
 // MaxRequestBytes; after a request fails, the later ones of its partition
@@ -189,7 +177,7 @@ func (k *Kafka) Write(ctx context.Context, msgs []Message) ([]Written, error) {
 				errs = append(errs, err)
 				continue
 			}
-			p = PartitionFor(m.Key, n)
+			p = partition.For(m.Key, n)
 		}
 		key := tp{m.Topic, p}
 		if _, ok := groups[key]; !ok {
@@ -561,4 +549,13 @@ func release(key, value kafka.Bytes) {
 	if value != nil {
 		_ = value.Close()
 	}
+}
+
+// Close closes the idle connections of the client's transport; the Kafka
+// may still be used, and opens new ones.
+func (k *Kafka) Close() error {
+	if t, ok := k.client.Transport.(*kafka.Transport); ok {
+		t.CloseIdleConnections()
+	}
+	return nil
 }

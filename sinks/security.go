@@ -66,3 +66,19 @@ func Security(cfg *schemas.Config, getenv func(string) string) (*kafka.Dialer, *
 	}
 	return dialer, transport, nil
 }
+
+// Connect is the reader and writer of the Kafka cluster cfg.Kafka names:
+// its brokers, TLS, SASL and compression, so that a tool reads and writes
+// exactly as `idemstream run` does. Errors name the field. Close it to
+// release its connections.
+func Connect(cfg *schemas.Config, getenv func(string) string) (*Kafka, error) {
+	_, transport, err := Security(cfg, getenv)
+	if err != nil {
+		return nil, err
+	}
+	k := NewKafka(&kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport})
+	if k.Compression, err = ParseCompression(cfg.Kafka.Compression); err != nil {
+		return nil, &schemas.FieldError{Field: "kafka.compression", Msg: err.Error()}
+	}
+	return k, nil
+}

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idemstream/idemstream/audit"
@@ -108,13 +107,12 @@ func cmdAudit(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 
-	_, transport, err := sinks.Security(cfg, e.getenv)
+	kc, err := sinks.Connect(cfg, e.getenv)
 	if err != nil {
 		return err
 	}
-	defer transport.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
-	src := &audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: *topic, From: start, MaxRecords: *maxRecords}
+	defer kc.Close()
+	src := &audit.KafkaTopic{Reader: kc, Topic: *topic, From: start, MaxRecords: *maxRecords}
 	if isTerminal(e.stderr) {
 		src.Progress = progressLine(e.stderr)
 	}

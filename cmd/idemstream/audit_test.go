@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemstream/idemstream/audit"
-	"github.com/idemstream/idemstream/audit/audittest"
+	"github.com/idemstream/idemstream/internal/audittest"
 	"github.com/idemstream/idemstream/internal/testenv"
 	"github.com/idemstream/idemstream/schemas"
 )

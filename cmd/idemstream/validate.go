@@ -7,8 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/idemstream/idemstream/consumer"
 	"github.com/idemstream/idemstream/dedupe/redisstore"
 	"github.com/idemstream/idemstream/sinks"
@@ -47,12 +45,11 @@ func cmdValidate(ctx context.Context, e *env, args []string) (err error) {
 		fmt.Fprintf(e.stdout, "problem: "+format+"\n", a...)
 	}
 
-	_, transport, err := sinks.Security(cfg, e.getenv)
+	io, err := sinks.Connect(cfg, e.getenv)
 	if err != nil {
 		return err
 	}
-	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport}
-	io := sinks.NewKafka(client)
+	defer io.Close()
 	for _, p := range cfg.Pipelines {
 		for _, t := range []struct{ role, topic string }{{"input", p.Input}, {"output", p.Output}, {"dlq", p.DLQ}, {"replies", p.Replies}} {
 			if t.topic == "" {

@@ -1,9 +1,8 @@
-package sinks_test
+package envelope_test
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/envelope"
 	"github.com/idemstream/idemstream/schemas"
 	"github.com/idemstream/idemstream/sinks"
 )
@@ -60,7 +60,7 @@ func validate(t *testing.T, schema []byte, msg sinks.Message) {
 func TestDeadLetterKeepsTheInputByteForByte(t *testing.T) {
 	o := dedupe.Outcome{Kind: dedupe.OutcomeConflict, Key: "9f8a", Fingerprint: "sha256:" + strings.Repeat("b", 64),
 		Decision: dedupe.Decision{Entry: dedupe.Entry{Fingerprint: "sha256:" + strings.Repeat("a", 64), FirstSource: "coupon.claim.commands/1/2"}}}
-	m := sinks.DeadLetter("dlq", &input, &o, dedupe.ReasonConflict, errors.New("reused\nkey"), []string{"/amount", "/items/0"})
+	m := envelope.DeadLetter("dlq", &input, &o, dedupe.ReasonConflict, errors.New("reused\nkey"), []string{"/amount", "/items/0"})
 	if !bytes.Equal(m.Key, input.Key) || !bytes.Equal(m.Value, input.Value) {
 		t.Errorf("key/value changed: %q %q", m.Key, m.Value)
 	}
@@ -87,7 +87,7 @@ func TestResultAndReplyHeaders(t *testing.T) {
 		Decision: dedupe.Decision{Entry: dedupe.Entry{FirstSource: "coupon.claim.commands/1/2", WindowStart: time.UnixMilli(1764650000123)}}}
 	noKey := input
 	noKey.Key = nil
-	r := sinks.Result("out", 4, &noKey, &o, []byte("done"), []dedupe.Header{{Key: "x-handler", Value: []byte("1")}})
+	r := envelope.Result("out", 4, &noKey, &o, []byte("done"), []dedupe.Header{{Key: "x-handler", Value: []byte("1")}})
 	if string(r.Key) != "9f8a" || r.Partition != 4 || string(r.Value) != "done" {
 		t.Errorf("result: key %q partition %d value %q; an input without a key gets the idempotency key", r.Key, r.Partition, r.Value)
 	}
@@ -102,7 +102,7 @@ func TestResultAndReplyHeaders(t *testing.T) {
 
 	replay := input
 	replay.Offset = 99
-	rep := sinks.Reply("replies", r, &replay)
+	rep := envelope.Reply("replies", r, &replay)
 	if v, _ := sinks.HeaderValue(rep.Headers, "idemstream-replayed"); v != "true" {
 		t.Error("reply lacks idemstream-replayed: true")
 	}
@@ -122,47 +122,14 @@ func headerKeys(hs []dedupe.Header) string {
 	return b.String()
 }
 
-func TestPartitionForIsStable(t *testing.T) {
-	seen := map[int]bool{}
-	for i := range 200 {
-		k := []byte{byte(i), 'k'}
-		p := sinks.PartitionFor(k, 6)
-		if p < 0 || p >= 6 || p != sinks.PartitionFor(k, 6) {
-			t.Fatalf("PartitionFor(%q, 6) = %d", k, p)
-		}
-		seen[p] = true
-	}
-	if len(seen) != 6 {
-		t.Errorf("200 keys reached %d of 6 partitions", len(seen))
-	}
-}
-
-func TestJSONLinesIsJSON(t *testing.T) {
-	var buf bytes.Buffer
-	w := sinks.NewJSONLines(&buf)
-	ws, err := w.Write(context.Background(), []sinks.Message{{Topic: "t", Partition: 1, Value: []byte("a")}, {Topic: "t", Partition: 1, Value: []byte("b")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ws[1].Offset != ws[0].Offset+1 {
-		t.Errorf("offsets %v", ws)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-		var l sinks.Line
-		if err := json.Unmarshal([]byte(line), &l); err != nil || l.Topic != "t" {
-			t.Errorf("line %q: %v", line, err)
-		}
-	}
-}
-
 // A trimmed dead letter keeps the evidence (reason, source, fingerprint),
 // says what it lost, and names the payload's size; trimmed again it keeps
 // the original size, and bare it drops the input's key and headers.
 func TestTrimDeadLetterKeepsTheEvidence(t *testing.T) {
 	o := dedupe.Outcome{Key: "9f8a", Fingerprint: "sha256:" + strings.Repeat("b", 64)}
-	m := sinks.DeadLetter("dlq", &input, &o, dedupe.ReasonPayloadTooLarge, errors.New("payload too large"), nil)
+	m := envelope.DeadLetter("dlq", &input, &o, dedupe.ReasonPayloadTooLarge, errors.New("payload too large"), nil)
 	size := len(m.Value)
-	half := sinks.TrimDeadLetter(m, size/2, false)
+	half := envelope.TrimDeadLetter(m, size/2, false)
 	if !bytes.Equal(half.Value, input.Value[:size/2]) || !bytes.Equal(half.Key, input.Key) {
 		t.Errorf("trimmed: key %q value %q", half.Key, half.Value)
 	}
@@ -171,7 +138,7 @@ func TestTrimDeadLetterKeepsTheEvidence(t *testing.T) {
 			t.Errorf("input header %s lost in a trimmed dead letter", h.Key)
 		}
 	}
-	none := sinks.TrimDeadLetter(half, 0, true)
+	none := envelope.TrimDeadLetter(half, 0, true)
 	for _, d := range []sinks.Message{half, none} {
 		for k, v := range map[string]string{"idemstream-reason": "payload_too_large", "idemstream-source": "coupon.claim.commands/3/17",
 			"idemstream-fingerprint": o.Fingerprint, "idemstream-payload-size": fmt.Sprint(size)} {
