@@ -13,6 +13,9 @@ type Config struct {
 	Store     Store      `json:"store"`
 	Metrics   Metrics    `json:"metrics"`
 	Pipelines []Pipeline `json:"pipelines"`
+	// HTTP is the front door: routes guarded by the same rules where
+	// commands arrive (see package frontdoor); nil when the file has none.
+	HTTP *HTTP `json:"http,omitempty"`
 
 	// Dir is the directory of the file, against which relative paths
 	// (schema files, TLS files) are resolved.
@@ -205,4 +208,48 @@ func formatDuration(d time.Duration) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+// HTTP configures the front door: `idemstream proxy` in front of
+// Upstream, or frontdoor.New in a Go service.
+type HTTP struct {
+	Listen   string `json:"listen"`
+	Upstream string `json:"upstream,omitempty"`
+	// UpstreamTimeout bounds one call of the upstream; a key is held
+	// (its lease) for twice the longer of it and a route's pending_timeout.
+	UpstreamTimeout Duration `json:"upstream_timeout"`
+	Routes          []Route  `json:"routes"`
+}
+
+// Route is one guarded endpoint: a method and a path (a net/http pattern,
+// {name} wildcards allowed), with the rules of a pipeline.
+type Route struct {
+	Name   string    `json:"name"`
+	Method string    `json:"method"`
+	Path   string    `json:"path"`
+	Key    KeyConfig `json:"key"`
+	// KeyRequired answers a request without a key 400; false passes it to
+	// the upstream unguarded.
+	KeyRequired *bool `json:"key_required,omitempty"`
+	// ClientHeader names the header that identifies the client (an API
+	// key, a tenant): part of the stored key, so that two clients' keys
+	// never meet.
+	ClientHeader    string   `json:"client_header,omitempty"`
+	Semantics       string   `json:"semantics"`
+	Window          Duration `json:"window"`
+	Volatile        []string `json:"volatile"`
+	VolatileHeaders []string `json:"volatile_headers"`
+	Unordered       []string `json:"unordered"`
+	// StoreResponses are the classes of upstream answers (2xx, 3xx, 4xx,
+	// 5xx) stored and replayed; any other answer fails the key: a retry
+	// with the same body calls the upstream again.
+	StoreResponses []string `json:"store_responses"`
+	// ReplayHeaders are the upstream's answer headers stored and replayed
+	// beside the status and the body.
+	ReplayHeaders          []string `json:"replay_headers"`
+	MaxPayloadBytes        int      `json:"max_payload_bytes"`
+	PendingTimeout         Duration `json:"pending_timeout"`
+	FailedTTL              Duration `json:"failed_ttl"`
+	RetryAfter             Duration `json:"retry_after"`
+	ClientMaxRetryInterval Duration `json:"client_max_retry_interval"`
 }

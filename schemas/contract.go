@@ -134,6 +134,11 @@ func ContractMarkdown(cfg *Config) ([]byte, error) {
 	if err := markdownTmpl.Execute(&b, pipes); err != nil {
 		return nil, err
 	}
+	routes, err := routesMarkdown(cfg)
+	if err != nil {
+		return nil, err
+	}
+	b.Write(routes)
 	return b.Bytes(), nil
 }
 

@@ -155,3 +155,60 @@ func TestContractAsyncAPI(t *testing.T) {
 		t.Errorf("x-idempotency = %v", idem)
 	}
 }
+
+// The HTTP routes' contract states the five things in HTTP's terms and
+// every answer, and the OpenAPI fragment declares the key header and the
+// answers the front door gives: both golden, both from the file.
+func TestContractCoversHTTPRoutes(t *testing.T) {
+	cfg, err := schemas.Load(filepath.Join("testdata", "http", "coupon.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := schemas.ContractMarkdown(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "http.md", md)
+	for _, want := range []string{"`POST /api/coupon/claim`", "**Key**", "**Semantics**", "**Window**: 10m", "**Volatile fields**", "`X-Retry-Count`", "**While pending**", "`Retry-After: 2`", "2xx, 4xx", "header `X-Api-Key`"} {
+		if !bytes.Contains(md, []byte(want)) {
+			t.Errorf("the markdown contract has no %s", want)
+		}
+	}
+	api, err := schemas.ContractOpenAPI(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "http.openapi.yaml", api)
+	var doc struct {
+		OpenAPI string `yaml:"openapi"`
+		Paths   map[string]map[string]struct {
+			Parameters []struct {
+				Name     string `yaml:"name"`
+				In       string `yaml:"in"`
+				Required bool   `yaml:"required"`
+			} `yaml:"parameters"`
+			Responses map[string]struct {
+				Headers map[string]any `yaml:"headers"`
+			} `yaml:"responses"`
+		} `yaml:"paths"`
+	}
+	if err := yaml.Unmarshal(api, &doc); err != nil {
+		t.Fatal(err)
+	}
+	op := doc.Paths["/api/coupon/claim"]["post"]
+	if doc.OpenAPI != "3.1.0" || len(op.Parameters) != 1 || op.Parameters[0].Name != "Idempotency-Key" || op.Parameters[0].In != "header" || !op.Parameters[0].Required {
+		t.Fatalf("OpenAPI document %+v: want the required Idempotency-Key header on POST /api/coupon/claim", doc)
+	}
+	for _, code := range []string{"400", "409", "413", "422", "503"} {
+		if _, ok := op.Responses[code]; !ok {
+			t.Errorf("no %s answer", code)
+		}
+	}
+	if op.Responses["409"].Headers["Retry-After"] == nil {
+		t.Error("409 declares no Retry-After")
+	}
+	cfg.HTTP = nil
+	if _, err := schemas.ContractOpenAPI(cfg); err == nil {
+		t.Error("an OpenAPI contract of a file without routes")
+	}
+}

@@ -95,6 +95,16 @@ func pipeline(extra string) string {
 	return minimal + "    " + strings.ReplaceAll(strings.TrimSpace(extra), "\n", "\n    ") + "\n"
 }
 
+// route is a file with one HTTP route, named claim on POST /claim, and
+// the given fields.
+func route(fields string) string {
+	r := "http:\n  routes:\n    - name: claim\n      path: /claim\n"
+	if fields != "" {
+		r += "      " + fields + "\n"
+	}
+	return r
+}
+
 func TestRefusedConfigsNameTheField(t *testing.T) {
 	cases := []struct {
 		name, yaml, field, msg string
@@ -140,6 +150,14 @@ func TestRefusedConfigsNameTheField(t *testing.T) {
 		{"not yaml", "pipelines: [\n", "", "not valid YAML"},
 		{"key given twice", minimal + "kafka: {}\nkafka: {}\n", "kafka", "key given twice"},
 		{"wrong type", pipeline("max_payload_bytes: lots"), "pipelines[0].max_payload_bytes", "want integer"},
+		{"duplicate route", route("") + "    - {name: claim, path: /b}\n", "http.routes[1].name", "already the name"},
+		{"same route twice", route("") + "    - {name: other, path: /claim}\n", "http.routes[1].path", "already the route"},
+		{"bad route pattern", "http:\n  routes:\n    - {name: claim, path: '/a/{id'}\n", "http.routes[0].path", "bad wildcard"},
+		{"route window too short", route("window: 40s"), "http.routes[0].window", "1.5 × client_max_retry_interval"},
+		{"route replays its key header", route("replay_headers: [idempotency-key]"), "http.routes[0].replay_headers", "not an answer header"},
+		{"route stores a class that is not one", route("store_responses: [200]"), "http.routes[0].store_responses[0]", ""},
+		{"route key from a field", route("key: {from: field}"), "http.routes[0].key.from", ""},
+		{"bad upstream", "http: {upstream: 'localhost:9000', routes: [{name: a, path: /a}]}\n", "http.upstream", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

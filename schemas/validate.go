@@ -2,9 +2,11 @@ package schemas
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemstream/idemstream/dedupe"
@@ -22,6 +24,13 @@ const (
 	DefaultMaxPayloadBytes = 1 << 20
 	DefaultPendingTimeout  = 30 * time.Second
 	DefaultReplicaTimeout  = time.Second
+	// The front door's: Stripe's longest key, a wait that a client's
+	// request timeout outlasts, the article's Retry-After.
+	DefaultHTTPListen         = ":8080"
+	DefaultUpstreamTimeout    = 30 * time.Second
+	DefaultHTTPKeyMaxLength   = 255
+	DefaultHTTPPendingTimeout = 10 * time.Second
+	DefaultRetryAfter         = 2 * time.Second
 	// DefaultClientMaxRetryInterval is the incident's longest client retry
 	// interval: three tries with exponential backoff, at most 30 s.
 	DefaultClientMaxRetryInterval = 30 * time.Second
@@ -103,11 +112,71 @@ func (c *Config) applyDefaults() {
 			p.Start = "earliest"
 		}
 	}
+	if h := c.HTTP; h != nil {
+		if h.Listen == "" {
+			h.Listen = DefaultHTTPListen
+		}
+		if h.UpstreamTimeout == 0 {
+			h.UpstreamTimeout = Duration(DefaultUpstreamTimeout)
+		}
+		for i := range h.Routes {
+			r := &h.Routes[i]
+			if r.Method == "" {
+				r.Method = http.MethodPost
+			}
+			if r.Key.From == "" {
+				r.Key.From = string(dedupe.KeyFromHeader)
+			}
+			if r.Key.Name == "" {
+				r.Key.Name = DefaultKeyHeader
+			}
+			if r.Key.Format == "" {
+				r.Key.Format = "uuid"
+			}
+			if r.Key.MaxLength == 0 {
+				r.Key.MaxLength = DefaultHTTPKeyMaxLength
+			}
+			if r.KeyRequired == nil {
+				on := true
+				r.KeyRequired = &on
+			}
+			if r.Semantics == "" {
+				r.Semantics = string(dedupe.Strict)
+			}
+			if r.Window == 0 {
+				r.Window = Duration(dedupe.Semantics(r.Semantics).DefaultWindow())
+			}
+			if r.StoreResponses == nil {
+				r.StoreResponses = []string{"2xx"}
+			}
+			if r.ReplayHeaders == nil {
+				r.ReplayHeaders = []string{"Content-Type", "Location"}
+			}
+			if r.MaxPayloadBytes == 0 {
+				r.MaxPayloadBytes = DefaultMaxPayloadBytes
+			}
+			if r.PendingTimeout == 0 {
+				r.PendingTimeout = Duration(DefaultHTTPPendingTimeout)
+			}
+			if r.FailedTTL == 0 {
+				r.FailedTTL = r.Window
+			}
+			if r.RetryAfter == 0 {
+				r.RetryAfter = Duration(DefaultRetryAfter)
+			}
+			if r.ClientMaxRetryInterval == 0 {
+				r.ClientMaxRetryInterval = Duration(DefaultClientMaxRetryInterval)
+			}
+		}
+	}
 }
 
 // validate checks what a schema cannot: relations between fields, and
 // values that need a parser (pointers, regular expressions, files).
 func (c *Config) validate() error {
+	if err := c.validateHTTP(); err != nil {
+		return err
+	}
 	if c.Store.Kind == "redis" && c.Store.Redis.MasterName != "" && len(c.Store.Redis.Addrs) == 0 {
 		return fieldErr("store.redis.master_name", "Sentinel needs store.redis.addrs (the sentinels)")
 	}
@@ -200,6 +269,93 @@ func (c *Config) validate() error {
 		}
 	}
 	return nil
+}
+
+func (c *Config) validateHTTP() error {
+	h := c.HTTP
+	if h == nil {
+		return nil
+	}
+	if h.UpstreamTimeout <= 0 {
+		return fieldErr("http.upstream_timeout", "must be longer than zero")
+	}
+	names := map[string]int{}
+	patterns := map[string]int{}
+	for i, r := range h.Routes {
+		at := func(field string) string { return fmt.Sprintf("http.routes[%d].%s", i, field) }
+		if j, dup := names[r.Name]; dup {
+			return fieldErr(at("name"), "%q is already the name of http.routes[%d]", r.Name, j)
+		}
+		names[r.Name] = i
+		pattern := r.Method + " " + r.Path
+		if j, dup := patterns[pattern]; dup {
+			return fieldErr(at("path"), "%s is already the route of http.routes[%d]", pattern, j)
+		}
+		patterns[pattern] = i
+		if err := checkPattern(pattern); err != nil {
+			return fieldErr(at("path"), "%v", err)
+		}
+		if _, err := dedupe.ParseKeyFormat(r.Key.Format); err != nil {
+			return fieldErr(at("key.format"), "%v", err)
+		}
+		for field, d := range map[string]Duration{"window": r.Window, "pending_timeout": r.PendingTimeout, "failed_ttl": r.FailedTTL, "retry_after": r.RetryAfter, "client_max_retry_interval": r.ClientMaxRetryInterval} {
+			if d <= 0 {
+				return fieldErr(at(field), "must be longer than zero")
+			}
+		}
+		if minWindow := r.ClientMaxRetryInterval.D() * 3 / 2; r.Window.D() < minWindow {
+			return fieldErr(at("window"), "%s is shorter than 1.5 × client_max_retry_interval (%s) = %s: a late client retry would count as a new request",
+				r.Window, r.ClientMaxRetryInterval, formatDuration(minWindow))
+		}
+		if _, err := dedupe.NewCanonicalizer(CanonicalRulesOf(r)); err != nil {
+			return fieldErr(at(pointerField(err)), "%v", err)
+		}
+		for _, hd := range append(slices.Clone(r.VolatileHeaders), r.Key.Name) {
+			if slices.ContainsFunc(r.ReplayHeaders, func(x string) bool { return strings.EqualFold(x, hd) }) {
+				return fieldErr(at("replay_headers"), "%s is a request header the route reads (key or volatile): it is not an answer header to replay", hd)
+			}
+		}
+	}
+	return nil
+}
+
+// checkPattern reports a path net/http's ServeMux would refuse.
+func checkPattern(pattern string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%v", p)
+		}
+	}()
+	http.NewServeMux().Handle(pattern, http.NotFoundHandler())
+	return nil
+}
+
+// RoutePolicy builds the decision policy of an HTTP route: its namespace
+// is http.<name>, its key the header (the front door scopes it by method,
+// path and client before deciding), its payload the JSON body.
+func (c *Config) RoutePolicy(r Route) (dedupe.Policy, error) {
+	format, err := dedupe.ParseKeyFormat(r.Key.Format)
+	if err != nil {
+		return dedupe.Policy{}, err
+	}
+	hold := r.PendingTimeout.D()
+	if c.HTTP != nil {
+		hold = max(hold, c.HTTP.UpstreamTimeout.D())
+	}
+	return dedupe.Policy{
+		Pipeline:        "http." + r.Name,
+		Key:             dedupe.KeySpec{From: dedupe.KeyFromHeader, Name: r.Key.Name, Format: format, MaxLength: r.Key.MaxLength},
+		Semantics:       dedupe.Semantics(r.Semantics),
+		Window:          r.Window.D(),
+		Clock:           dedupe.ClockStore,
+		Rules:           CanonicalRulesOf(r),
+		MaxPayloadBytes: r.MaxPayloadBytes,
+		// The lease is twice this: the key is held while the upstream
+		// answers, and a waiter gives up after the route's own
+		// pending_timeout (the front door waits itself).
+		PendingTimeout: hold,
+		FailedTTL:      r.FailedTTL.D(),
+	}, nil
 }
 
 func pointerField(err error) string {

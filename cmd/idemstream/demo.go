@@ -7,7 +7,7 @@ import (
 )
 
 func cmdDemo(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "demo", "[--seed N] [--users N] [--commands N] [--stock N] [--conflicts F] [--garbage F] [--members N] [-o text|json]")
+	fs := newFlags(e, "demo", "[--seed N] [--users N] [--commands N] [--stock N] [--conflicts F] [--garbage F] [--members N] [--http] [-o text|json]")
 	var w demo.Workload
 	fs.Uint64Var(&w.Seed, "seed", 618, "seed of the workload: the same seed gives the same run")
 	fs.IntVar(&w.Users, "users", 400, "users who claim the coupon")
@@ -16,6 +16,7 @@ func cmdDemo(ctx context.Context, e *env, args []string) error {
 	fs.Float64Var(&w.Conflicts, "conflicts", 0.012, "share of records that reuse a key with another amount")
 	fs.Float64Var(&w.Garbage, "garbage", 0.01, "share of records that are not valid commands")
 	members := fs.Int("members", 3, "consumer group members per pipeline")
+	overHTTP := fs.Bool("http", false, "send the campaign as HTTP requests, straight to the endpoint and through idemstream proxy, instead of as Kafka commands")
 	outputOf := outputFlag(fs, "text", "text", "json")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -32,6 +33,17 @@ func cmdDemo(ctx context.Context, e *env, args []string) error {
 	// Progress is for a person watching: only to a terminal.
 	if !asJSON && isTerminal(e.stderr) {
 		opts.Progress = e.stderr
+	}
+	if *overHTTP {
+		f, err := demo.RunHTTP(ctx, opts)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return writeJSON(e, f)
+		}
+		f.Print(e.stdout)
+		return nil
 	}
 	f, err := demo.Run(ctx, opts)
 	if err != nil {

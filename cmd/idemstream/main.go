@@ -64,6 +64,7 @@ func init() {
 		{"contract", "render the client-facing idempotency contract", cmdContract},
 		{"inspect", "print the stored state of one key", cmdInspect},
 		{"validate", "check a configuration (and with --check-servers its Kafka topics and Redis) without running", cmdValidate},
+		{"proxy", "serve the http section's routes idempotently in front of their upstream", cmdProxy},
 		{"audit", "read a command topic and show what \"the same request\" means in it", cmdAudit},
 		{"version", "print the version", cmdVersion},
 	}

@@ -159,9 +159,9 @@ func cmdDiff(_ context.Context, e *env, args []string) error {
 }
 
 func cmdContract(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "contract", "-c FILE [-o markdown|asyncapi]")
+	fs := newFlags(e, "contract", "-c FILE [-o markdown|asyncapi|openapi]")
 	cf := addConfigFlags(fs, "kafka.group")
-	outputOf := outputFlag(fs, "markdown", "markdown", "asyncapi")
+	outputOf := outputFlag(fs, "markdown", "markdown", "asyncapi", "openapi")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -177,9 +177,12 @@ func cmdContract(_ context.Context, e *env, args []string) error {
 		return err
 	}
 	var out []byte
-	if format == "asyncapi" {
+	switch format {
+	case "asyncapi":
 		out, err = schemas.ContractAsyncAPI(cfg)
-	} else {
+	case "openapi":
+		out, err = schemas.ContractOpenAPI(cfg)
+	default:
 		out, err = schemas.ContractMarkdown(cfg)
 	}
 	if err != nil {

@@ -38,6 +38,9 @@ func cmdRun(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
+	if len(cfg.Pipelines) == 0 {
+		return &schemas.FieldError{Field: "pipelines", Msg: "run needs at least one pipeline; a file of http routes alone is served by idemstream proxy"}
+	}
 	if *sink != "kafka" && *sink != "stdout" {
 		return usagef("--sink %q: want kafka or stdout", *sink)
 	}

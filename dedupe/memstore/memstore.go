@@ -15,6 +15,7 @@ type Store struct {
 	mu      sync.Mutex
 	now     func() time.Time
 	entries map[entryKey]*dedupe.Entry
+	kept    map[entryKey]keptValue
 	ops     int
 }
 
@@ -115,6 +116,11 @@ func (s *Store) maybeSweep(now time.Time) {
 	for k, e := range s.entries {
 		if !now.Before(e.RetainUntil()) {
 			delete(s.entries, k)
+		}
+	}
+	for k, v := range s.kept {
+		if !now.Before(v.until) {
+			delete(s.kept, k)
 		}
 	}
 }

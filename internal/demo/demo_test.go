@@ -3,6 +3,7 @@ package demo_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -79,5 +80,45 @@ func TestWorkloadIsDeterministic(t *testing.T) {
 	}
 	if got := len(a.Originals) + len(a.Later); got != 200 {
 		t.Errorf("%d commands, want 200", got)
+	}
+}
+
+// The campaign over HTTP: through the proxy the desk is called once per
+// user and issues no extra coupon; the incident's endpoint issues one per
+// volatile-only retry.
+func TestDemoOverHTTP(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	w := demo.Workload{Seed: 7, Users: 60, Commands: 400, Stock: 80, Conflicts: 0.02, Garbage: 0.02}
+	gen := demo.Generate(w)
+	f, err := demo.RunHTTP(context.Background(), demo.Options{Workload: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, naive := f.Proxy, f.Naive
+	for _, c := range []struct {
+		what      string
+		got, want int
+	}{
+		{"requests", f.Requests, 400},
+		{"proxy: upstream calls = distinct keys", p.UpstreamCalls, w.Users},
+		{"proxy: created = distinct keys", p.Created, w.Users},
+		{"proxy: replays = injected retries", p.Replayed, gen.Retries},
+		{"proxy: 422 = injected conflicts", p.Conflicts, gen.Conflicts},
+		{"proxy: 400 = garbage", p.Invalid, gen.Garbage},
+		{"proxy: extra coupons", p.ExtraCoupons, 0},
+		// Every retry whose bytes changed is a new coupon; so is each claim
+		// of the keyless garbage user after the first.
+		{"naive: extra coupons = changed retries", naive.ExtraCoupons, gen.Retries - naive.Replayed + (gen.Garbage+1)/2 - 1},
+		{"naive: upstream calls = requests", naive.UpstreamCalls, f.Requests},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %d, want %d", c.what, c.got, c.want)
+		}
+	}
+	if naive.ExtraCoupons < gen.Retries/2 {
+		t.Errorf("the naive endpoint issued only %d extra coupons for %d retries", naive.ExtraCoupons, gen.Retries)
+	}
+	if f.Conflict == "" || !strings.Contains(f.Conflict, `"conflict_paths":["/amount"]`) {
+		t.Errorf("example conflict %q, want one naming /amount", f.Conflict)
 	}
 }

@@ -1,0 +1,561 @@
+package frontdoor
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/schemas"
+)
+
+// Store keeps the front door's keys and answers: a dedupe.Store, which
+// decides as it does for the stream, that also keeps one value per name
+// and never replaces it (the first request's answer). memstore.Store and
+// redisstore.Store are both.
+type Store interface {
+	dedupe.Store
+	// KeepFirst keeps value under name unless a value is kept there
+	// already, and returns the value kept: value itself, or the first.
+	KeepFirst(ctx context.Context, namespace, name string, value []byte, ttl time.Duration) ([]byte, error)
+	// Kept returns the value kept under name, and false when none is.
+	Kept(ctx context.Context, namespace, name string) ([]byte, bool, error)
+}
+
+// Options are what a Guard takes besides its route.
+type Options struct {
+	// UpstreamTimeout bounds one call of the guarded handler
+	// (http.upstream_timeout; 30s when zero).
+	UpstreamTimeout time.Duration
+	// Metrics, from NewMetrics; nil: none.
+	Metrics *Metrics
+	// Logger; nil: slog.Default().
+	Logger *slog.Logger
+	// Instance names this process in the owner tokens of its keys; a
+	// random one when empty.
+	Instance string
+}
+
+// keyHeader carries the scoped key to the decider: the route's key
+// header alone would let a key reused on another path or by another
+// client meet the first.
+const keyHeader = "idemstream-http-key"
+
+// maxAnswerBytes is the largest answer body kept; a larger answer is
+// replaced, for the client and every retry alike, by a 502 that says so.
+const maxAnswerBytes = 8 << 20
+
+// Guard makes one route idempotent: see the package documentation for
+// what each request is answered. It is safe for concurrent use and starts
+// no goroutine.
+type Guard struct {
+	route    schemas.Route
+	policy   dedupe.Policy
+	format   dedupe.KeyFormat
+	decider  *dedupe.Decider
+	canon    *dedupe.Canonicalizer
+	store    Store
+	metrics  *Metrics
+	log      *slog.Logger
+	timeout  time.Duration
+	instance string
+	seq      atomic.Int64
+	stored   [10]bool // by status / 100
+	replay   []string // canonical header names
+}
+
+// NewGuard builds the guard of route r of cfg.HTTP over store.
+func NewGuard(cfg *schemas.Config, r schemas.Route, store Store, o Options) (*Guard, error) {
+	pol, err := cfg.RoutePolicy(r)
+	if err != nil {
+		return nil, fmt.Errorf("frontdoor: route %s: %w", r.Name, err)
+	}
+	if o.UpstreamTimeout <= 0 {
+		o.UpstreamTimeout = schemas.DefaultUpstreamTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Instance == "" {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		o.Instance = hex.EncodeToString(b[:])
+	}
+	g := &Guard{route: r, policy: pol, format: pol.Key.Format, store: store, metrics: o.Metrics, log: o.Logger,
+		timeout: o.UpstreamTimeout, instance: o.Instance}
+	// The decider reads the scoped key the guard builds; the key's own
+	// format and length are checked before, on the header as sent.
+	inner := pol
+	anyFormat, _ := dedupe.ParseKeyFormat("any")
+	inner.Key = dedupe.KeySpec{From: dedupe.KeyFromHeader, Name: keyHeader, Format: anyFormat, MaxLength: 1 << 16}
+	inner.MaxPayloadBytes = r.MaxPayloadBytes
+	if g.decider, err = dedupe.NewDecider(inner, store); err != nil {
+		return nil, fmt.Errorf("frontdoor: route %s: %w", r.Name, err)
+	}
+	g.canon = g.decider.Canonicalizer()
+	for _, class := range r.StoreResponses {
+		if n, err := strconv.Atoi(strings.TrimSuffix(class, "xx")); err == nil && n >= 1 && n <= 9 {
+			g.stored[n] = true
+		}
+	}
+	for _, h := range r.ReplayHeaders {
+		g.replay = append(g.replay, http.CanonicalHeaderKey(h))
+	}
+	return g, nil
+}
+
+// Wrap returns next guarded: the net/http middleware.
+func (g *Guard) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { g.serve(w, r, next) })
+}
+
+// Middleware is Wrap as a func(http.Handler) http.Handler, for routers
+// that take middlewares in that form.
+func (g *Guard) Middleware() func(http.Handler) http.Handler { return g.Wrap }
+
+func (g *Guard) count(outcome string) {
+	if g.metrics != nil {
+		g.metrics.requests.WithLabelValues(g.route.Name, outcome).Inc()
+	}
+}
+
+// request is one guarded request on its way through the guard.
+type request struct {
+	r      *http.Request
+	body   []byte
+	key    string // the scoped key the store decides
+	rec    dedupe.Record
+	holder string
+}
+
+func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	raw := r.Header.Get(g.route.Key.Name)
+	if raw == "" {
+		if !*g.route.KeyRequired {
+			g.count(OutcomeUnguarded)
+			next.ServeHTTP(w, r)
+			return
+		}
+		g.refuse(w, OutcomeInvalid, newProblem(http.StatusBadRequest, "IDEMPOTENCY_KEY_MISSING", "idempotency-key-missing",
+			"Idempotency key missing", fmt.Sprintf("%s %s needs an %s header (%s); retries of one request must send the same key.",
+				g.route.Method, g.route.Path, g.route.Key.Name, g.route.Key.Format)))
+		return
+	}
+	key, err := g.parseKey(raw)
+	if err != nil {
+		g.refuse(w, OutcomeInvalid, newProblem(http.StatusBadRequest, "IDEMPOTENCY_KEY_INVALID", "idempotency-key-invalid",
+			"Idempotency key invalid", fmt.Sprintf("%s: %v", g.route.Key.Name, err)))
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, int64(g.route.MaxPayloadBytes)+1))
+	if err != nil {
+		g.refuse(w, OutcomeInvalid, newProblem(http.StatusBadRequest, "REQUEST_BODY_UNREADABLE", "request-body-unreadable",
+			"Request body unreadable", err.Error()))
+		return
+	}
+	if len(body) > g.route.MaxPayloadBytes {
+		g.refuse(w, OutcomeTooLarge, newProblem(http.StatusRequestEntityTooLarge, "PAYLOAD_TOO_LARGE", "payload-too-large",
+			"Request body too large", fmt.Sprintf("the body is over %d bytes (max_payload_bytes), the most this route fingerprints", g.route.MaxPayloadBytes)))
+		return
+	}
+	seq := g.seq.Add(1)
+	q := &request{r: r, body: body, key: g.scope(r, key), holder: g.instance + "/" + strconv.FormatInt(seq, 10)}
+	q.rec = dedupe.Record{
+		Topic: "http/" + g.route.Name + "/" + g.instance, Offset: seq, Value: body, Time: time.Now(),
+		Headers: []dedupe.Header{{Key: keyHeader, Value: []byte(q.key)}},
+	}
+	o, ok := g.decide(w, q)
+	if !ok {
+		return
+	}
+	switch o.Kind {
+	case dedupe.OutcomeInvalid:
+		g.refuse(w, OutcomeInvalid, newProblem(http.StatusBadRequest, "REQUEST_BODY_INVALID", "request-body-invalid",
+			"Request body invalid", fmt.Sprintf("%s: %v", o.Reason, o.Err)))
+	case dedupe.OutcomeConflict:
+		g.conflict(w, r.Context(), q, &o)
+	case dedupe.OutcomeReplay:
+		g.replayed(w, r.Context(), q, &o)
+	case dedupe.OutcomeFirst:
+		if o.Decision.Resumed {
+			g.resume(w, r.Context(), q, &o)
+			return
+		}
+		g.first(w, q, &o, next)
+	}
+}
+
+// parseKey reads the key header: an RFC 8941 string ("…", as the IETF
+// draft writes it) or the bare key most clients send, checked against the
+// route's format and length.
+func (g *Guard) parseKey(raw string) (string, error) {
+	raw = strings.TrimSpace(raw)
+	if strings.HasPrefix(raw, `"`) {
+		s, err := parseSFString(raw)
+		if err != nil {
+			return "", err
+		}
+		raw = s
+	}
+	if len(raw) > g.route.Key.MaxLength {
+		return "", fmt.Errorf("longer than %d bytes (max_length)", g.route.Key.MaxLength)
+	}
+	return g.format.Normalize(raw)
+}
+
+// parseSFString decodes an RFC 8941 sf-string: printable ASCII in quotes,
+// with \" and \\ the only escapes.
+func parseSFString(s string) (string, error) {
+	if len(s) < 2 || s[len(s)-1] != '"' {
+		return "", errors.New("a quoted key must end with a quote")
+	}
+	var b strings.Builder
+	for i := 1; i < len(s)-1; i++ {
+		c := s[i]
+		switch {
+		case c == '\\':
+			i++
+			if i == len(s)-1 || (s[i] != '"' && s[i] != '\\') {
+				return "", errors.New(`a quoted key escapes only \" and \\`)
+			}
+			b.WriteByte(s[i])
+		case c == '"':
+			return "", errors.New("a quote inside a quoted key must be escaped")
+		case c < 0x20 || c > 0x7e:
+			return "", errors.New("a quoted key holds printable ASCII only")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), nil
+}
+
+// scope is the key the store decides: method, the request's own path and
+// the client (hashed: it may be a credential) before the client's key, so
+// that a key sent to another endpoint or by another client is not a
+// replay.
+func (g *Guard) scope(r *http.Request, key string) string {
+	var b strings.Builder
+	b.WriteString(r.Method + " " + r.URL.Path + " ")
+	if g.route.ClientHeader != "" {
+		sum := sha256.Sum256([]byte(r.Header.Get(g.route.ClientHeader)))
+		b.WriteString("client:" + hex.EncodeToString(sum[:8]) + " ")
+	}
+	b.WriteString(key)
+	return b.String()
+}
+
+func (g *Guard) refuse(w http.ResponseWriter, outcome string, p *problem) {
+	g.count(outcome)
+	p.write(w, 0)
+}
+
+func (g *Guard) unavailable(w http.ResponseWriter, err error) {
+	g.log.Warn("store unavailable: request refused before the upstream was called", "route", g.route.Name, "err", err)
+	g.count(OutcomeStoreUnavailable)
+	newProblem(http.StatusServiceUnavailable, "IDEMPOTENCY_STORE_UNAVAILABLE", "store-unavailable", "Idempotency store unavailable",
+		"the request was not passed on; retry it with the same key").write(w, g.route.RetryAfter.D())
+}
+
+// decide asks the store, and while another request holds the key waits
+// for it up to pending_timeout (polling with backoff); still held, the
+// client is answered 409 with Retry-After, as the article asks.
+func (g *Guard) decide(w http.ResponseWriter, q *request) (dedupe.Outcome, bool) {
+	ctx := q.r.Context()
+	deadline := time.Now().Add(g.route.PendingTimeout.D())
+	pause := 5 * time.Millisecond
+	for {
+		outs, deferred, err := g.decider.DecideAvailable(ctx, q.holder, []dedupe.Record{q.rec}, intent)
+		if err != nil {
+			g.unavailable(w, err)
+			return dedupe.Outcome{}, false
+		}
+		o := outs[0]
+		if len(deferred) == 0 && g.decider.NeedsRulesCheck(&o) {
+			// The rules changed since the key's first request: compare
+			// its body under the current rules before calling it a
+			// conflict or acting on the key.
+			if outs, deferred, err = g.rulesChecked(ctx, q, &o); err != nil {
+				g.unavailable(w, err)
+				return dedupe.Outcome{}, false
+			}
+			o = outs[0]
+		}
+		if len(deferred) == 0 {
+			return o, true
+		}
+		if !time.Now().Add(pause).Before(deadline) {
+			g.count(OutcomeInProgress)
+			newProblem(http.StatusConflict, "IDEMPOTENCY_PENDING", "idempotency-pending", "Request in progress",
+				"a request with this idempotency key is still being processed; retry after Retry-After with the same key and body").
+				write(w, g.route.RetryAfter.D())
+			return dedupe.Outcome{}, false
+		}
+		select {
+		case <-ctx.Done():
+			return dedupe.Outcome{}, false // the client left: nothing was done for it
+		case <-time.After(pause):
+		}
+		pause = min(pause*2, 200*time.Millisecond)
+	}
+}
+
+// rulesChecked settles a fingerprint mismatch against an entry made under
+// other rules: the first request's body, read back from its kept answer,
+// is fingerprinted under the current ones.
+func (g *Guard) rulesChecked(ctx context.Context, q *request, o *dedupe.Outcome) ([]dedupe.Outcome, []int, error) {
+	first, found, err := g.kept(ctx, q, &o.Decision.Entry)
+	if err != nil {
+		return nil, nil, err
+	}
+	if found && first.Request != nil {
+		fp, err := g.canon.Fingerprint(first.Request)
+		if err == nil && fp == o.Fingerprint {
+			return g.decider.DecideRulesChecked(ctx, q.holder, []dedupe.Record{q.rec}, intent, false)
+		}
+	}
+	o.Kind = dedupe.OutcomeConflict
+	return []dedupe.Outcome{*o}, nil, nil
+}
+
+// intent: an answer has no output partition; the store keeps what it is
+// given.
+func intent(*dedupe.Record, string) dedupe.Intent {
+	return dedupe.Intent{Partition: 0, Floor: 0}
+}
+
+// keptName names the answer of a decision. A success is kept under the
+// decision (every holder of it, a taker-over too, finds it there); a
+// failure under the request that failed as well, since a rerun of a
+// FAILED key may make a decision of the same name within one millisecond
+// and must not be given the failure.
+func (g *Guard) keptName(q *request, e *dedupe.Entry, failed bool) string {
+	name := q.key + "\x00" + e.DecisionID()
+	if failed {
+		name += "\x00failed\x00" + e.Owner.Source
+	}
+	return name
+}
+
+// kept reads the answer kept for e: its success, or for a FAILED entry
+// the failure of its owner.
+func (g *Guard) kept(ctx context.Context, q *request, e *dedupe.Entry) (answer, bool, error) {
+	b, found, err := g.store.Kept(ctx, g.policy.Pipeline, g.keptName(q, e, e.State == dedupe.Failed))
+	if err != nil || !found {
+		return answer{}, false, err
+	}
+	a, err := decodeAnswer(b)
+	if err != nil {
+		return answer{}, false, err
+	}
+	return a, true, nil
+}
+
+// keptTTL outlasts the entry that points to an answer: its window, or
+// failed_ttl, and the lease of a holder that completes late.
+func (g *Guard) keptTTL() time.Duration {
+	return max(g.policy.Window, g.policy.FailedTTL) + g.policy.Lease() + time.Minute
+}
+
+// first calls the upstream for the key's first request, keeps its answer,
+// completes the key and answers the client. The call runs on a context of
+// its own: a client that hangs up does not stop the one execution its
+// retries will be given.
+func (g *Guard) first(w http.ResponseWriter, q *request, o *dedupe.Outcome, next http.Handler) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(q.r.Context()), g.timeout)
+	defer cancel()
+	failure := &upstreamFailure{}
+	ctx = context.WithValue(ctx, failureKey{}, failure)
+	up := q.r.Clone(ctx)
+	up.Body = io.NopCloser(bytes.NewReader(q.body))
+	up.ContentLength = int64(len(q.body))
+	up.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(q.body)), nil }
+	rec := newRecorder(maxAnswerBytes)
+	start := time.Now()
+	next.ServeHTTP(rec, up)
+	if g.metrics != nil {
+		g.metrics.upstream.WithLabelValues(g.route.Name).Observe(time.Since(start).Seconds())
+	}
+	a := g.answerOf(rec, failure, ctx.Err())
+	a.Request = q.body
+	// The answer is kept and the key completed even when the client has
+	// gone or the call ran out of time: its retries are given it.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(q.r.Context()), storeTimeout)
+	defer scancel()
+	g.finish(w, sctx, q, o, a, false)
+}
+
+// storeTimeout bounds keeping an answer and completing its key.
+const storeTimeout = 10 * time.Second
+
+// answerOf turns what the upstream did into the answer to keep.
+func (g *Guard) answerOf(rec *recorder, failure *upstreamFailure, ctxErr error) answer {
+	switch {
+	case failure.notSent:
+		p := newProblem(http.StatusBadGateway, "UPSTREAM_UNREACHABLE", "upstream-unreachable", "Upstream unreachable",
+			"the request did not reach the service; retry with the same key and body")
+		a := p.answer()
+		a.Failed, a.Ended = true, endedUnreachable
+		return a
+	case failure.unknown || errors.Is(ctxErr, context.DeadlineExceeded):
+		p := newProblem(http.StatusGatewayTimeout, "IDEMPOTENCY_OUTCOME_UNKNOWN", "outcome-unknown", "Outcome unknown",
+			"the service did not answer in time and may have acted on the request; every retry with this key gets this answer: check the request's effect before sending it again with a new key")
+		a := p.answer()
+		a.Ended = endedUnknown
+		return a
+	case rec.overflow:
+		p := newProblem(http.StatusBadGateway, "ANSWER_TOO_LARGE", "answer-too-large", "Answer too large to keep",
+			fmt.Sprintf("the service answered %d with a body over %d bytes, more than the idempotency layer keeps; the request was acted on", rec.status, maxAnswerBytes))
+		a := p.answer()
+		a.Ended = endedTooLarge
+		return a
+	}
+	status := rec.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	a := answer{Status: status, Header: http.Header{}, Body: rec.body, Ended: endedAnswered}
+	for _, h := range g.replay {
+		if vs := rec.header.Values(h); len(vs) > 0 {
+			a.Header[h] = vs
+		}
+	}
+	a.Failed = !g.stored[status/100]
+	return a
+}
+
+// resume serves a request that took the key over from a holder that
+// stopped (its lease ran out). What it kept is given; when it kept
+// nothing, the upstream may have acted on the request or not, and the
+// front door never calls it twice for one key: the key is answered 502,
+// outcome unknown, for its window.
+func (g *Guard) resume(w http.ResponseWriter, ctx context.Context, q *request, o *dedupe.Outcome) {
+	a, found, err := g.kept(ctx, q, &o.Decision.Entry)
+	if err != nil {
+		g.unavailable(w, err)
+		return
+	}
+	if !found {
+		p := newProblem(http.StatusBadGateway, "IDEMPOTENCY_OUTCOME_UNKNOWN", "outcome-unknown", "Outcome unknown",
+			"the first request with this key was interrupted while the service handled it, and may have been acted on; every retry with this key gets this answer: check its effect before sending it again with a new key")
+		a = p.answer()
+		a.Ended, a.Request = endedInterrupted, q.body
+	}
+	g.finish(w, ctx, q, o, a, found)
+}
+
+// finish keeps a (unless an answer is kept already: then that one is
+// everybody's), completes the key SUCCESS or FAILED, and answers.
+func (g *Guard) finish(w http.ResponseWriter, ctx context.Context, q *request, o *dedupe.Outcome, a answer, replayed bool) {
+	keptBytes, err := g.store.KeepFirst(ctx, g.policy.Pipeline, g.keptName(q, &o.Decision.Entry, a.Failed), a.encode(), g.keptTTL())
+	if err != nil {
+		// The key stays PENDING: a retry after the lease finds nothing
+		// kept and is answered outcome unknown; never a second call.
+		g.log.Warn("answer not kept", "route", g.route.Name, "err", err)
+		g.count(outcomeOf(&a))
+		a.write(w, false)
+		return
+	}
+	if k, err := decodeAnswer(keptBytes); err == nil {
+		if !bytes.Equal(keptBytes, a.encode()) {
+			replayed = true // another holder kept its answer first
+		}
+		a = k
+	}
+	state := dedupe.Success
+	if a.Failed {
+		state = dedupe.Failed
+	}
+	errs, err := g.store.Complete(ctx, []dedupe.Completion{{
+		Namespace: g.policy.Pipeline, Key: o.Key, Owner: o.Decision.Entry.Owner, State: state,
+		Result: dedupe.ResultRef{Partition: 0, Offset: 0}, FailedTTL: g.policy.FailedTTL,
+	}})
+	if err == nil && len(errs) == 1 {
+		err = errs[0]
+	}
+	if err != nil {
+		// The answer is kept: a retry that takes the key over finds it.
+		g.log.Warn("key not completed", "route", g.route.Name, "err", err)
+	}
+	outcome := outcomeOf(&a)
+	if replayed {
+		outcome = OutcomeReplay
+	}
+	g.count(outcome)
+	a.write(w, replayed)
+}
+
+func outcomeOf(a *answer) string {
+	switch {
+	case a.Ended == endedInterrupted:
+		return OutcomeInterrupted
+	case a.Failed:
+		return OutcomeFailed
+	}
+	return OutcomeFirst
+}
+
+// replayed gives a retry the kept answer of its key.
+func (g *Guard) replayed(w http.ResponseWriter, ctx context.Context, q *request, o *dedupe.Outcome) {
+	a, found, err := g.kept(ctx, q, &o.Decision.Entry)
+	if err != nil {
+		g.unavailable(w, err)
+		return
+	}
+	if !found {
+		g.count(OutcomeInProgress)
+		newProblem(http.StatusConflict, "IDEMPOTENCY_PENDING", "idempotency-pending", "Request in progress",
+			"the first request with this key has not kept its answer yet; retry after Retry-After with the same key and body").
+			write(w, g.route.RetryAfter.D())
+		return
+	}
+	g.count(OutcomeReplay)
+	a.write(w, true)
+}
+
+// conflict answers a key reused with another body: 422, naming the JSON
+// Pointers where the body differs from the first request's.
+func (g *Guard) conflict(w http.ResponseWriter, ctx context.Context, q *request, o *dedupe.Outcome) {
+	p := newProblem(http.StatusUnprocessableEntity, "IDEMPOTENCY_KEY_CONFLICT", "idempotency-key-conflict",
+		"Idempotency key reused with another body",
+		"this key was first sent with another body (fields a retry may change are ignored); send a new key for a new request")
+	if a, found, err := g.kept(ctx, q, &o.Decision.Entry); err == nil && found && a.Request != nil {
+		if paths, err := g.canon.Diff(a.Request, q.body); err == nil {
+			p.ConflictPaths = paths
+		}
+	}
+	g.count(OutcomeConflict)
+	p.write(w, 0)
+}
+
+// upstreamFailure is how a proxy's error handler tells the guard what
+// went wrong: never sent (the upstream did not act), or unknown.
+type upstreamFailure struct{ notSent, unknown bool }
+
+type failureKey struct{}
+
+// ReportUpstreamError tells the guard of ctx's request how a call of the
+// upstream failed: sent false when the request certainly never reached it
+// (the connection was refused), so that a retry may call it again; any
+// other failure makes the outcome unknown. The proxy's error handler calls
+// it; a handler of a Go service may too.
+func ReportUpstreamError(ctx context.Context, sent bool) {
+	if f, ok := ctx.Value(failureKey{}).(*upstreamFailure); ok {
+		if sent {
+			f.unknown = true
+		} else {
+			f.notSent = true
+		}
+	}
+}
