@@ -78,7 +78,13 @@ func newRecorder(limit int) *recorder { return &recorder{header: http.Header{}, 
 
 func (r *recorder) Header() http.Header { return r.header }
 
+// WriteHeader keeps the final status: informational answers (100
+// Continue, 103 Early Hints, which a reverse proxy passes on) precede it
+// and are not the answer.
 func (r *recorder) WriteHeader(status int) {
+	if status >= 100 && status < 200 && status != http.StatusSwitchingProtocols {
+		return
+	}
 	if r.status == 0 {
 		r.status = status
 	}

@@ -54,23 +54,29 @@
 //
 // # The one rule for an unknown outcome
 //
-// The upstream is never called twice for one key's first request. When the
-// outcome is unknown, the key is answered 504 or 502 with code
-// IDEMPOTENCY_OUTCOME_UNKNOWN for its window (kept like an answer), and the
-// client checks the effect before it sends a new key:
+// The upstream is never called twice for one key's first request. The
+// holder of a key claims the call (Store.KeepFirst) before it makes it:
+// of two holders of one key (one slower than its lease and the request
+// that took its key over) one claim wins, and the other waits for its
+// answer. When the outcome is unknown, the key is answered 504 or 502
+// with code IDEMPOTENCY_OUTCOME_UNKNOWN for the rest of its window (kept
+// like an answer), and the client checks the effect before it sends a new
+// key:
 //
-//   - the upstream did not answer within http.upstream_timeout, or the
-//     connection broke after the request was sent;
-//   - the process holding the key stopped (a crash, a SIGKILL) while the
-//     upstream answered: the key stays PENDING until its lease (twice the
-//     longer of upstream_timeout and pending_timeout) runs out; retries until
-//     then are 409, and the first retry after it takes the key over, finds
-//     no kept answer and keeps the 502. If the answer was kept before the
-//     stop, the retry completes the key with it and replays it.
+//   - the upstream did not answer within http.upstream_timeout, the
+//     connection broke after the request was sent, or the guarded handler
+//     panicked;
+//   - the process holding the key stopped (a crash, a SIGKILL) after it
+//     claimed the call: the key stays PENDING until its lease (twice the
+//     longer of upstream_timeout and pending_timeout) runs out; retries
+//     until then are 409, and the first retry after it takes the key over
+//     and keeps the 502. If the holder had kept its answer, the retry
+//     completes the key with it and replays it; if it had not claimed the
+//     call (its decision's reply was lost, its client left), the retry
+//     makes the call.
 //
-// Two holders of one key (a holder slower than its lease and the one that
-// took over) keep one answer between them: KeepFirst never replaces a kept
-// answer, and both give the one kept.
+// A window must be at least twice the lease (config refuses less), so a
+// key taken over still has half its window to answer its retries.
 //
 // # Behind it: a command stream
 //

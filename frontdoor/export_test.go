@@ -1,9 +1,23 @@
 package frontdoor
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemstream/idemstream/dedupe"
+)
 
 // RequestsCounter is one series of idemstream_http_requests_total, for
 // the black-box tests.
 func RequestsCounter(m *Metrics, route, outcome string) prometheus.Collector {
 	return m.requests.WithLabelValues(route, outcome)
+}
+
+// ClaimName and AnswerName are the names a guard keeps an execution's
+// claim and answer under, for tests that play a holder that stopped.
+func ClaimName(scopedKey string, e *dedupe.Entry) string {
+	return (&Guard{}).claimName(&request{key: scopedKey}, e)
+}
+
+func AnswerName(scopedKey string, e *dedupe.Entry) string {
+	return (&Guard{}).answerName(&request{key: scopedKey}, e)
 }

@@ -5,12 +5,15 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -35,15 +38,12 @@ type Store interface {
 
 // Options are what a Guard takes besides its route.
 type Options struct {
-	// UpstreamTimeout bounds one call of the guarded handler
-	// (http.upstream_timeout; 30s when zero).
-	UpstreamTimeout time.Duration
 	// Metrics, from NewMetrics; nil: none.
 	Metrics *Metrics
 	// Logger; nil: slog.Default().
 	Logger *slog.Logger
-	// Instance names this process in the owner tokens of its keys; a
-	// random one when empty.
+	// Instance names this process in the owner tokens of its keys, before
+	// a random part of each Guard's own.
 	Instance string
 }
 
@@ -81,19 +81,25 @@ func NewGuard(cfg *schemas.Config, r schemas.Route, store Store, o Options) (*Gu
 	if err != nil {
 		return nil, fmt.Errorf("frontdoor: route %s: %w", r.Name, err)
 	}
-	if o.UpstreamTimeout <= 0 {
-		o.UpstreamTimeout = schemas.DefaultUpstreamTimeout
-	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.Instance == "" {
-		var b [6]byte
-		_, _ = rand.Read(b[:])
-		o.Instance = hex.EncodeToString(b[:])
+	// The lease covers the upstream call (cfg.RoutePolicy): the call is
+	// bounded by the same http.upstream_timeout.
+	timeout := schemas.DefaultUpstreamTimeout
+	if cfg.HTTP != nil {
+		timeout = cfg.HTTP.UpstreamTimeout.D()
+	}
+	// Owner tokens must never repeat, across restarts and replicas
+	// given one Instance name alike.
+	var nonce [6]byte
+	_, _ = rand.Read(nonce[:])
+	instance := hex.EncodeToString(nonce[:])
+	if o.Instance != "" {
+		instance = o.Instance + "." + instance
 	}
 	g := &Guard{route: r, policy: pol, format: pol.Key.Format, store: store, metrics: o.Metrics, log: o.Logger,
-		timeout: o.UpstreamTimeout, instance: o.Instance}
+		timeout: timeout, instance: instance}
 	// The decider reads the scoped key the guard builds; the key's own
 	// format and length are checked before, on the header as sent.
 	inner := pol
@@ -132,11 +138,19 @@ func (g *Guard) count(outcome string) {
 
 // request is one guarded request on its way through the guard.
 type request struct {
-	r      *http.Request
-	body   []byte
-	key    string // the scoped key the store decides
-	rec    dedupe.Record
-	holder string
+	r    *http.Request
+	body []byte
+	key  string // the scoped key the store decides
+	rec  dedupe.Record
+	// holder names this request in the owner token; attempt, recorded as
+	// the entry's intent, names the execution the request would start: a
+	// takeover keeps the entry's intent (it continues that execution), a
+	// FAILED key's rerun records its own (a new one).
+	holder  string
+	attempt int64
+	// store bounds the store calls: detached from the client, so that a
+	// client that hangs up never leaves a decision half made.
+	store context.Context
 }
 
 func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -170,11 +184,14 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		return
 	}
 	seq := g.seq.Add(1)
-	q := &request{r: r, body: body, key: g.scope(r, key), holder: g.instance + "/" + strconv.FormatInt(seq, 10)}
+	q := &request{r: r, body: body, key: g.scope(r, key), holder: g.instance + "/" + strconv.FormatInt(seq, 10), attempt: randomAttempt()}
 	q.rec = dedupe.Record{
 		Topic: "http/" + g.route.Name + "/" + g.instance, Offset: seq, Value: body, Time: time.Now(),
 		Headers: []dedupe.Header{{Key: keyHeader, Value: []byte(q.key)}},
 	}
+	storeCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
+	defer cancel()
+	q.store = storeCtx
 	o, ok := g.decide(w, q)
 	if !ok {
 		return
@@ -184,16 +201,26 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		g.refuse(w, OutcomeInvalid, newProblem(http.StatusBadRequest, "REQUEST_BODY_INVALID", "request-body-invalid",
 			"Request body invalid", fmt.Sprintf("%s: %v", o.Reason, o.Err)))
 	case dedupe.OutcomeConflict:
-		g.conflict(w, r.Context(), q, &o)
+		g.conflict(w, q, &o)
 	case dedupe.OutcomeReplay:
-		g.replayed(w, r.Context(), q, &o)
+		g.replayed(w, q, &o)
 	case dedupe.OutcomeFirst:
 		if o.Decision.Resumed {
-			g.resume(w, r.Context(), q, &o)
+			g.resume(w, q, &o, next)
 			return
 		}
-		g.first(w, q, &o, next)
+		g.call(w, q, &o, next)
 	}
+}
+
+// storeTimeout bounds each store call of a request.
+const storeTimeout = 10 * time.Second
+
+// randomAttempt is a positive number no other request will draw.
+func randomAttempt() int64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return int64(binary.BigEndian.Uint64(b[:])>>1) | 1
 }
 
 // parseKey reads the key header: an RFC 8941 string ("…", as the IETF
@@ -276,7 +303,7 @@ func (g *Guard) decide(w http.ResponseWriter, q *request) (dedupe.Outcome, bool)
 	deadline := time.Now().Add(g.route.PendingTimeout.D())
 	pause := 5 * time.Millisecond
 	for {
-		outs, deferred, err := g.decider.DecideAvailable(ctx, q.holder, []dedupe.Record{q.rec}, intent)
+		outs, deferred, err := g.decider.DecideAvailable(q.store, q.holder, []dedupe.Record{q.rec}, q.intent)
 		if err != nil {
 			g.unavailable(w, err)
 			return dedupe.Outcome{}, false
@@ -286,7 +313,7 @@ func (g *Guard) decide(w http.ResponseWriter, q *request) (dedupe.Outcome, bool)
 			// The rules changed since the key's first request: compare
 			// its body under the current rules before calling it a
 			// conflict or acting on the key.
-			if outs, deferred, err = g.rulesChecked(ctx, q, &o); err != nil {
+			if outs, deferred, err = g.rulesChecked(q, &o); err != nil {
 				g.unavailable(w, err)
 				return dedupe.Outcome{}, false
 			}
@@ -312,46 +339,42 @@ func (g *Guard) decide(w http.ResponseWriter, q *request) (dedupe.Outcome, bool)
 }
 
 // rulesChecked settles a fingerprint mismatch against an entry made under
-// other rules: the first request's body, read back from its kept answer,
-// is fingerprinted under the current ones.
-func (g *Guard) rulesChecked(ctx context.Context, q *request, o *dedupe.Outcome) ([]dedupe.Outcome, []int, error) {
-	first, found, err := g.kept(ctx, q, &o.Decision.Entry)
+// other rules: the first request's body, read back from its kept answer
+// or its claim, is fingerprinted under the current ones; a first request
+// gone from the store is no evidence of a conflict.
+func (g *Guard) rulesChecked(q *request, o *dedupe.Outcome) ([]dedupe.Outcome, []int, error) {
+	first, found, err := g.firstBody(q, &o.Decision.Entry)
 	if err != nil {
 		return nil, nil, err
 	}
-	if found && first.Request != nil {
-		fp, err := g.canon.Fingerprint(first.Request)
-		if err == nil && fp == o.Fingerprint {
-			return g.decider.DecideRulesChecked(ctx, q.holder, []dedupe.Record{q.rec}, intent, false)
+	if found {
+		if fp, err := g.canon.Fingerprint(first); err != nil || fp != o.Fingerprint {
+			o.Kind = dedupe.OutcomeConflict
+			return []dedupe.Outcome{*o}, nil, nil
 		}
 	}
-	o.Kind = dedupe.OutcomeConflict
-	return []dedupe.Outcome{*o}, nil, nil
+	return g.decider.DecideRulesChecked(q.store, q.holder, []dedupe.Record{q.rec}, q.intent, false)
 }
 
-// intent: an answer has no output partition; the store keeps what it is
-// given.
-func intent(*dedupe.Record, string) dedupe.Intent {
-	return dedupe.Intent{Partition: 0, Floor: 0}
+// intent records the request's attempt; an answer has no output
+// partition.
+func (q *request) intent(*dedupe.Record, string) dedupe.Intent {
+	return dedupe.Intent{Partition: 0, Floor: q.attempt}
 }
 
-// keptName names the answer of a decision. A success is kept under the
-// decision (every holder of it, a taker-over too, finds it there); a
-// failure under the request that failed as well, since a rerun of a
-// FAILED key may make a decision of the same name within one millisecond
-// and must not be given the failure.
-func (g *Guard) keptName(q *request, e *dedupe.Entry, failed bool) string {
-	name := q.key + "\x00" + e.DecisionID()
-	if failed {
-		name += "\x00failed\x00" + e.Owner.Source
-	}
-	return name
+// answerName names the answer of the execution e records: its decision
+// and its attempt. Every holder of that execution (the one that started
+// it, one that took it over) keeps and finds its answer there; a FAILED
+// key's rerun is another execution with a name of its own.
+func (g *Guard) answerName(q *request, e *dedupe.Entry) string {
+	return q.key + "\x00" + e.DecisionID() + "\x00" + strconv.FormatInt(e.Intent.Floor, 10)
 }
 
-// kept reads the answer kept for e: its success, or for a FAILED entry
-// the failure of its owner.
-func (g *Guard) kept(ctx context.Context, q *request, e *dedupe.Entry) (answer, bool, error) {
-	b, found, err := g.store.Kept(ctx, g.policy.Pipeline, g.keptName(q, e, e.State == dedupe.Failed))
+// claimName names the claim of an execution's one upstream call.
+func (g *Guard) claimName(q *request, e *dedupe.Entry) string { return g.answerName(q, e) + "\x00call" }
+
+func (g *Guard) kept(q *request, e *dedupe.Entry) (answer, bool, error) {
+	b, found, err := g.store.Kept(q.store, g.policy.Pipeline, g.answerName(q, e))
 	if err != nil || !found {
 		return answer{}, false, err
 	}
@@ -362,17 +385,71 @@ func (g *Guard) kept(ctx context.Context, q *request, e *dedupe.Entry) (answer, 
 	return a, true, nil
 }
 
+// claim is what the holder about to call the upstream keeps first: its
+// name and the request body (so that a conflict or a rules check can be
+// explained before any answer is kept).
+type claim struct {
+	Holder  string `json:"holder"`
+	Request []byte `json:"request"`
+}
+
+func (g *Guard) claimOf(q *request, e *dedupe.Entry) (claim, bool, error) {
+	b, found, err := g.store.Kept(q.store, g.policy.Pipeline, g.claimName(q, e))
+	if err != nil || !found {
+		return claim{}, false, err
+	}
+	var c claim
+	if err := json.Unmarshal(b, &c); err != nil {
+		return claim{}, false, fmt.Errorf("stored claim: %w", err)
+	}
+	return c, true, nil
+}
+
+// firstBody is the body of the request that started e's execution: from
+// its kept answer, or its claim.
+func (g *Guard) firstBody(q *request, e *dedupe.Entry) ([]byte, bool, error) {
+	if a, found, err := g.kept(q, e); err != nil || (found && a.Request != nil) {
+		return a.Request, found, err
+	}
+	c, found, err := g.claimOf(q, e)
+	return c.Request, found, err
+}
+
 // keptTTL outlasts the entry that points to an answer: its window, or
-// failed_ttl, and the lease of a holder that completes late.
+// failed_ttl, counted from the completion that follows it, and the lease
+// of a holder that completes late. Keeping an answer again extends it.
 func (g *Guard) keptTTL() time.Duration {
 	return max(g.policy.Window, g.policy.FailedTTL) + g.policy.Lease() + time.Minute
 }
 
-// first calls the upstream for the key's first request, keeps its answer,
-// completes the key and answers the client. The call runs on a context of
-// its own: a client that hangs up does not stop the one execution its
-// retries will be given.
-func (g *Guard) first(w http.ResponseWriter, q *request, o *dedupe.Outcome, next http.Handler) {
+// release ends the lease of a key this request holds and has not called
+// the upstream for, so that the next retry takes it over at once.
+func (g *Guard) release(q *request, o *dedupe.Outcome) {
+	_, _ = g.store.Complete(q.store, []dedupe.Completion{{Namespace: g.policy.Pipeline, Key: o.Key, Owner: o.Decision.Entry.Owner, State: dedupe.Pending}})
+}
+
+// call runs the key's one upstream call: it claims the call first (a
+// holder slower than its lease and the request that took its key over
+// may both get here; one claim wins, and the other waits for its
+// answer), calls the upstream, keeps the answer, completes the key and
+// answers the client. The call runs on a context of its own: a client
+// that hangs up does not stop the one execution its retries will be
+// given.
+func (g *Guard) call(w http.ResponseWriter, q *request, o *dedupe.Outcome, next http.Handler) {
+	mine, err := json.Marshal(claim{Holder: q.holder, Request: q.body})
+	if err != nil {
+		panic(err)
+	}
+	won, err := g.store.KeepFirst(q.store, g.policy.Pipeline, g.claimName(q, &o.Decision.Entry), mine, g.keptTTL())
+	if err != nil {
+		g.release(q, o)
+		g.unavailable(w, err)
+		return
+	}
+	if !bytes.Equal(won, mine) {
+		g.await(w, q, o)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(q.r.Context()), g.timeout)
 	defer cancel()
 	failure := &upstreamFailure{}
@@ -381,23 +458,65 @@ func (g *Guard) first(w http.ResponseWriter, q *request, o *dedupe.Outcome, next
 	up.Body = io.NopCloser(bytes.NewReader(q.body))
 	up.ContentLength = int64(len(q.body))
 	up.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(q.body)), nil }
+	up.Header.Del("Expect") // the body is read already: nothing to continue
 	rec := newRecorder(maxAnswerBytes)
 	start := time.Now()
-	next.ServeHTTP(rec, up)
+	g.serveUpstream(next, rec, up, failure)
 	if g.metrics != nil {
 		g.metrics.upstream.WithLabelValues(g.route.Name).Observe(time.Since(start).Seconds())
 	}
 	a := g.answerOf(rec, failure, ctx.Err())
 	a.Request = q.body
-	// The answer is kept and the key completed even when the client has
-	// gone or the call ran out of time: its retries are given it.
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(q.r.Context()), storeTimeout)
-	defer scancel()
-	g.finish(w, sctx, q, o, a, false)
+	g.finish(w, q, o, a, false)
 }
 
-// storeTimeout bounds keeping an answer and completing its key.
-const storeTimeout = 10 * time.Second
+// serveUpstream runs the guarded handler; a panic (net/http's
+// ErrAbortHandler when an upstream's body breaks off, or a handler's bug)
+// makes the outcome unknown instead of leaving the key unanswered.
+func (g *Guard) serveUpstream(next http.Handler, rec *recorder, up *http.Request, failure *upstreamFailure) {
+	defer func() {
+		if p := recover(); p != nil {
+			failure.unknown = true
+			if p != http.ErrAbortHandler {
+				g.log.Error("the guarded handler panicked: its outcome is unknown", "route", g.route.Name, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			}
+		}
+	}()
+	next.ServeHTTP(rec, up)
+}
+
+// await serves a request whose execution another holder claimed: it
+// waits for that holder's answer up to pending_timeout.
+func (g *Guard) await(w http.ResponseWriter, q *request, o *dedupe.Outcome) {
+	deadline := time.Now().Add(g.route.PendingTimeout.D())
+	for pause := 5 * time.Millisecond; ; pause = min(pause*2, 200*time.Millisecond) {
+		a, found, err := g.kept(q, &o.Decision.Entry)
+		switch {
+		case err != nil:
+			g.unavailable(w, err)
+			return
+		case found:
+			g.count(OutcomeReplay)
+			a.write(w, true)
+			return
+		case !time.Now().Add(pause).Before(deadline):
+			g.inProgress(w)
+			return
+		}
+		select {
+		case <-q.r.Context().Done():
+			return
+		case <-time.After(pause):
+		}
+	}
+}
+
+func (g *Guard) inProgress(w http.ResponseWriter) {
+	g.count(OutcomeInProgress)
+	newProblem(http.StatusConflict, "IDEMPOTENCY_PENDING", "idempotency-pending", "Request in progress",
+		"a request with this idempotency key is still being processed; retry after Retry-After with the same key and body").
+		write(w, g.route.RetryAfter.D())
+}
 
 // answerOf turns what the upstream did into the answer to keep.
 func (g *Guard) answerOf(rec *recorder, failure *upstreamFailure, ctxErr error) answer {
@@ -436,39 +555,61 @@ func (g *Guard) answerOf(rec *recorder, failure *upstreamFailure, ctxErr error) 
 }
 
 // resume serves a request that took the key over from a holder that
-// stopped (its lease ran out). What it kept is given; when it kept
-// nothing, the upstream may have acted on the request or not, and the
-// front door never calls it twice for one key: the key is answered 502,
-// outcome unknown, for its window.
-func (g *Guard) resume(w http.ResponseWriter, ctx context.Context, q *request, o *dedupe.Outcome) {
-	a, found, err := g.kept(ctx, q, &o.Decision.Entry)
+// stopped or was released (its lease ran out). What that execution kept
+// is given. When it kept no answer: if it never claimed the upstream
+// call, nothing was called and this request makes the call; if it did,
+// the upstream may have acted on the request or not, and the front door
+// never calls it twice for one key: the key is answered 502, outcome
+// unknown, for its window.
+func (g *Guard) resume(w http.ResponseWriter, q *request, o *dedupe.Outcome, next http.Handler) {
+	a, found, err := g.kept(q, &o.Decision.Entry)
 	if err != nil {
+		g.release(q, o)
 		g.unavailable(w, err)
 		return
 	}
-	if !found {
-		p := newProblem(http.StatusBadGateway, "IDEMPOTENCY_OUTCOME_UNKNOWN", "outcome-unknown", "Outcome unknown",
-			"the first request with this key was interrupted while the service handled it, and may have been acted on; every retry with this key gets this answer: check its effect before sending it again with a new key")
-		a = p.answer()
-		a.Ended, a.Request = endedInterrupted, q.body
+	if found {
+		g.finish(w, q, o, a, true)
+		return
 	}
-	g.finish(w, ctx, q, o, a, found)
+	_, claimed, err := g.claimOf(q, &o.Decision.Entry)
+	switch {
+	case err != nil:
+		g.release(q, o)
+		g.unavailable(w, err)
+		return
+	case !claimed:
+		g.call(w, q, o, next)
+		return
+	}
+	g.finish(w, q, o, interrupted(q.body), false)
+}
+
+// interrupted is the answer of an execution whose holder stopped while
+// the upstream may have been acting on it.
+func interrupted(request []byte) answer {
+	p := newProblem(http.StatusBadGateway, "IDEMPOTENCY_OUTCOME_UNKNOWN", "outcome-unknown", "Outcome unknown",
+		"the first request with this key was interrupted while the service handled it, and may have been acted on; every retry with this key gets this answer: check its effect before sending it again with a new key")
+	a := p.answer()
+	a.Ended, a.Request = endedInterrupted, request
+	return a
 }
 
 // finish keeps a (unless an answer is kept already: then that one is
 // everybody's), completes the key SUCCESS or FAILED, and answers.
-func (g *Guard) finish(w http.ResponseWriter, ctx context.Context, q *request, o *dedupe.Outcome, a answer, replayed bool) {
-	keptBytes, err := g.store.KeepFirst(ctx, g.policy.Pipeline, g.keptName(q, &o.Decision.Entry, a.Failed), a.encode(), g.keptTTL())
+func (g *Guard) finish(w http.ResponseWriter, q *request, o *dedupe.Outcome, a answer, replayed bool) {
+	mine := a.encode()
+	keptBytes, err := g.store.KeepFirst(q.store, g.policy.Pipeline, g.answerName(q, &o.Decision.Entry), mine, g.keptTTL())
 	if err != nil {
-		// The key stays PENDING: a retry after the lease finds nothing
-		// kept and is answered outcome unknown; never a second call.
+		// The key stays PENDING with its call claimed: a retry after the
+		// lease is answered outcome unknown; never a second call.
 		g.log.Warn("answer not kept", "route", g.route.Name, "err", err)
 		g.count(outcomeOf(&a))
 		a.write(w, false)
 		return
 	}
 	if k, err := decodeAnswer(keptBytes); err == nil {
-		if !bytes.Equal(keptBytes, a.encode()) {
+		if !bytes.Equal(keptBytes, mine) {
 			replayed = true // another holder kept its answer first
 		}
 		a = k
@@ -477,9 +618,12 @@ func (g *Guard) finish(w http.ResponseWriter, ctx context.Context, q *request, o
 	if a.Failed {
 		state = dedupe.Failed
 	}
-	errs, err := g.store.Complete(ctx, []dedupe.Completion{{
+	errs, err := g.store.Complete(q.store, []dedupe.Completion{{
 		Namespace: g.policy.Pipeline, Key: o.Key, Owner: o.Decision.Entry.Owner, State: state,
 		Result: dedupe.ResultRef{Partition: 0, Offset: 0}, FailedTTL: g.policy.FailedTTL,
+		// Completed after its window (a takeover, a slow upstream), the
+		// key is still remembered a window: its retries get this answer.
+		KeepAtLeast: g.policy.Window,
 	}})
 	if err == nil && len(errs) == 1 {
 		err = errs[0]
@@ -506,19 +650,32 @@ func outcomeOf(a *answer) string {
 	return OutcomeFirst
 }
 
-// replayed gives a retry the kept answer of its key.
-func (g *Guard) replayed(w http.ResponseWriter, ctx context.Context, q *request, o *dedupe.Outcome) {
-	a, found, err := g.kept(ctx, q, &o.Decision.Entry)
+// replayed gives a retry the kept answer of its key. A completed key
+// whose answer is gone (evicted, or lost with a failover) gets the
+// outcome-unknown answer, kept from then on: never a second call.
+func (g *Guard) replayed(w http.ResponseWriter, q *request, o *dedupe.Outcome) {
+	e := &o.Decision.Entry
+	a, found, err := g.kept(q, e)
 	if err != nil {
 		g.unavailable(w, err)
 		return
 	}
 	if !found {
-		g.count(OutcomeInProgress)
-		newProblem(http.StatusConflict, "IDEMPOTENCY_PENDING", "idempotency-pending", "Request in progress",
-			"the first request with this key has not kept its answer yet; retry after Retry-After with the same key and body").
-			write(w, g.route.RetryAfter.D())
-		return
+		if e.State != dedupe.Success {
+			g.inProgress(w)
+			return
+		}
+		g.log.Warn("a completed key's answer is gone: answered outcome unknown", "route", g.route.Name)
+		lost := interrupted(nil)
+		kept, err := g.store.KeepFirst(q.store, g.policy.Pipeline, g.answerName(q, e), lost.encode(), g.keptTTL())
+		if err != nil {
+			g.unavailable(w, err)
+			return
+		}
+		if a, err = decodeAnswer(kept); err != nil {
+			g.unavailable(w, err)
+			return
+		}
 	}
 	g.count(OutcomeReplay)
 	a.write(w, true)
@@ -526,12 +683,12 @@ func (g *Guard) replayed(w http.ResponseWriter, ctx context.Context, q *request,
 
 // conflict answers a key reused with another body: 422, naming the JSON
 // Pointers where the body differs from the first request's.
-func (g *Guard) conflict(w http.ResponseWriter, ctx context.Context, q *request, o *dedupe.Outcome) {
+func (g *Guard) conflict(w http.ResponseWriter, q *request, o *dedupe.Outcome) {
 	p := newProblem(http.StatusUnprocessableEntity, "IDEMPOTENCY_KEY_CONFLICT", "idempotency-key-conflict",
 		"Idempotency key reused with another body",
 		"this key was first sent with another body (fields a retry may change are ignored); send a new key for a new request")
-	if a, found, err := g.kept(ctx, q, &o.Decision.Entry); err == nil && found && a.Request != nil {
-		if paths, err := g.canon.Diff(a.Request, q.body); err == nil {
+	if first, found, err := g.firstBody(q, &o.Decision.Entry); err == nil && found && first != nil {
+		if paths, err := g.canon.Diff(first, q.body); err == nil {
 			p.ConflictPaths = paths
 		}
 	}

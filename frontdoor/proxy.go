@@ -35,9 +35,6 @@ func NewProxy(cfg *schemas.Config, store Store, o Options) (*Proxy, error) {
 	if err != nil || target.Host == "" {
 		return nil, &schemas.FieldError{Field: "http.upstream", Msg: fmt.Sprintf("%q is not an http:// or https:// URL", cfg.HTTP.Upstream)}
 	}
-	if o.UpstreamTimeout <= 0 {
-		o.UpstreamTimeout = cfg.HTTP.UpstreamTimeout.D()
-	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -52,7 +49,7 @@ func NewProxy(cfg *schemas.Config, store Store, o Options) (*Proxy, error) {
 			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConnsPerHost:   256,
 			IdleConnTimeout:       90 * time.Second,
-			ResponseHeaderTimeout: o.UpstreamTimeout,
+			ResponseHeaderTimeout: cfg.HTTP.UpstreamTimeout.D(),
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			sent := !neverSent(err)

@@ -73,7 +73,7 @@ func describeRoute(cfg *Config, r Route) (contractRoute, error) {
 	} else {
 		cr.Failed += "the same key is handled again, whatever the body."
 	}
-	cr.Unknown = fmt.Sprintf("The service is never called twice for one key. When the outcome of the first request is unknown (no answer within %s, or the proxy stopped while the service handled it; the key is then held for %s), every request with the key gets 504 or 502 `IDEMPOTENCY_OUTCOME_UNKNOWN` for the window: check the effect, then send a new key.",
+	cr.Unknown = fmt.Sprintf("The service is never called twice for one key. When the outcome of the first request is unknown (no answer within %s, or the proxy stopped while the service handled it; the key is then held for %s), every request with the key gets 504 or 502 `IDEMPOTENCY_OUTCOME_UNKNOWN` for the rest of the window: check the effect, then send a new key.",
 		cfg.HTTP.UpstreamTimeout, 2*hold)
 	canon, err := dedupe.NewCanonicalizer(CanonicalRulesOf(r))
 	if err != nil {

@@ -154,6 +154,7 @@ func TestRefusedConfigsNameTheField(t *testing.T) {
 		{"same route twice", route("") + "    - {name: other, path: /claim}\n", "http.routes[1].path", "already the route"},
 		{"bad route pattern", "http:\n  routes:\n    - {name: claim, path: '/a/{id'}\n", "http.routes[0].path", "bad wildcard"},
 		{"route window too short", route("window: 40s"), "http.routes[0].window", "1.5 × client_max_retry_interval"},
+		{"route window inside two leases", route("window: 1m"), "http.routes[0].window", "twice the lease"},
 		{"route replays its key header", route("replay_headers: [idempotency-key]"), "http.routes[0].replay_headers", "not an answer header"},
 		{"route stores a class that is not one", route("store_responses: [200]"), "http.routes[0].store_responses[0]", ""},
 		{"route key from a field", route("key: {from: field}"), "http.routes[0].key.from", ""},

@@ -307,6 +307,12 @@ func (c *Config) validateHTTP() error {
 			return fieldErr(at("window"), "%s is shorter than 1.5 × client_max_retry_interval (%s) = %s: a late client retry would count as a new request",
 				r.Window, r.ClientMaxRetryInterval, formatDuration(minWindow))
 		}
+		// A key whose holder stopped is taken over once its lease ends:
+		// that must leave the window room to answer its retries.
+		if lease := 2 * max(r.PendingTimeout.D(), h.UpstreamTimeout.D()); r.Window.D() < 2*lease {
+			return fieldErr(at("window"), "%s is shorter than twice the lease (2 × max(pending_timeout, http.upstream_timeout) = %s): a key taken over after a crash would leave its window at once",
+				r.Window, formatDuration(lease))
+		}
 		if _, err := dedupe.NewCanonicalizer(CanonicalRulesOf(r)); err != nil {
 			return fieldErr(at(pointerField(err)), "%v", err)
 		}

@@ -11,9 +11,9 @@ type keptValue struct {
 	until time.Time
 }
 
-// KeepFirst keeps value under name in namespace for ttl unless a value is
-// kept there already, and returns the value kept: value itself, or the
-// one that was there first. The HTTP front door keeps a first request's
+// KeepFirst keeps value under name in namespace unless a value is kept
+// there already, and returns the value kept: value itself, or the one
+// that was there first; either way kept for at least ttl from now. The HTTP front door keeps a first request's
 // answer with it, so that of two writers of one answer (an owner and the
 // one that took its key over) every client sees the same one.
 func (s *Store) KeepFirst(ctx context.Context, namespace, name string, value []byte, ttl time.Duration) ([]byte, error) {
@@ -25,6 +25,10 @@ func (s *Store) KeepFirst(ctx context.Context, namespace, name string, value []b
 	now := s.now()
 	k := entryKey{namespace, name}
 	if v, ok := s.kept[k]; ok && now.Before(v.until) {
+		if until := now.Add(ttl); v.until.Before(until) {
+			v.until = until
+			s.kept[k] = v
+		}
 		return slices.Clone(v.value), nil
 	}
 	if s.kept == nil {

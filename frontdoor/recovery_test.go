@@ -1,0 +1,324 @@
+package frontdoor_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/dedupe/memstore"
+	"github.com/idemstream/idemstream/dedupe/storetest"
+	"github.com/idemstream/idemstream/frontdoor"
+	"github.com/idemstream/idemstream/schemas"
+)
+
+const scopedKey1 = "POST /api/coupon/claim " + key1
+
+// stoppedHolder makes the decision of a holder that then stops, as a
+// guard makes it: owner, attempt and all. claimed: it had claimed the
+// upstream call (so the upstream may have acted); answer: it had kept an
+// answer too.
+func stoppedHolder(t *testing.T, cfg *schemas.Config, store frontdoor.Store, body string, claimed bool, answer string) dedupe.Entry {
+	t.Helper()
+	pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
+	ctx := context.Background()
+	d, err := store.Decide(ctx, []dedupe.DecideRequest{{
+		Namespace: pol.Pipeline, Key: scopedKey1, Fingerprint: fingerprint(t, cfg, body),
+		RulesDigest: rulesDigest(t, cfg), Semantics: pol.Semantics, Window: pol.Window, Lease: pol.Lease(),
+		Owner:  dedupe.Owner{Holder: "stopped/1", Source: "http/coupon-claim/stopped/0/1"},
+		Intent: dedupe.Intent{Partition: 0, Floor: 77},
+	}})
+	if err != nil || d[0].Verdict != dedupe.VerdictFirst {
+		t.Fatalf("the stopped holder's decision: %+v %v", d, err)
+	}
+	e := d[0].Entry
+	if claimed {
+		c, _ := json.Marshal(map[string]any{"holder": "stopped/1", "request": []byte(body)})
+		if _, err := store.KeepFirst(ctx, pol.Pipeline, frontdoor.ClaimName(scopedKey1, &e), c, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if answer != "" {
+		if _, err := store.KeepFirst(ctx, pol.Pipeline, frontdoor.AnswerName(scopedKey1, &e), []byte(answer), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e
+}
+
+func manualStore() (*storetest.ManualClock, *memstore.Store) {
+	clock := storetest.NewManualClock()
+	return clock, memstore.New(memstore.WithClock(clock.Now))
+}
+
+// A holder that stopped after it claimed the upstream call leaves the key
+// PENDING: retries are 409 until the lease runs out, then the key is
+// taken over and answered outcome unknown, without a second call, for
+// the rest of its window (at least half of it: config refuses a window
+// shorter than twice the lease).
+func TestTakeoverAfterAStoppedHolderNeverCallsTwice(t *testing.T) {
+	clock, store := manualStore()
+	cfg := config(t, "      window: 2m\n      pending_timeout: 50ms")
+	up := &upstream{}
+	h := guard(t, cfg, store, nil).Wrap(up)
+	pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
+	stoppedHolder(t, cfg, store, `{"amount":50}`, true, "")
+	if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusConflict {
+		t.Fatalf("within the lease: %d %s, want 409", r.status, r.body)
+	}
+	clock.Advance(pol.Lease() + time.Second)
+	r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
+	if r.status != http.StatusBadGateway || problemOf(t, r)["code"] != "IDEMPOTENCY_OUTCOME_UNKNOWN" {
+		t.Fatalf("after the lease: %d %s, want 502 outcome unknown", r.status, r.body)
+	}
+	for _, after := range []time.Duration{0, pol.Window - pol.Lease() - 2*time.Second} {
+		clock.Advance(after)
+		again := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
+		if again.status != r.status || again.body != r.body || again.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("a retry %v later: %d %s, want the same answer replayed", after, again.status, again.body)
+		}
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("the upstream was called %d times after the takeover", n)
+	}
+}
+
+// A holder that kept its answer and stopped before completing: the retry
+// that takes the key over is given that answer, and so is every retry
+// for the rest of the window.
+func TestAKeptAnswerOfAStoppedHolderIsReplayed(t *testing.T) {
+	clock, store := manualStore()
+	cfg := config(t, "      pending_timeout: 50ms")
+	up := &upstream{}
+	h := guard(t, cfg, store, nil).Wrap(up)
+	pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
+	stoppedHolder(t, cfg, store, `{"amount":50}`, true, `{"status":201,"body":"eyJjb3Vwb24iOiJDLTAifQ==","ended":"answered"}`)
+	clock.Advance(pol.Lease() + time.Second)
+	first := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
+	if first.status != http.StatusCreated || first.body != `{"coupon":"C-0"}` {
+		t.Fatalf("the takeover: %d %s, want the kept 201", first.status, first.body)
+	}
+	clock.Advance(pol.Window - pol.Lease() - 2*time.Second)
+	if again := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); again.body != first.body {
+		t.Fatalf("at the end of the window: %d %s, want the kept answer", again.status, again.body)
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("the upstream was called %d times", n)
+	}
+}
+
+// A decision whose answer was lost (a store timeout after the write), or
+// whose client left during it, leaves a PENDING key that no request
+// claimed: after the lease a retry makes the one upstream call.
+func TestAnUnclaimedKeyIsCalledOnceAfterItsLease(t *testing.T) {
+	clock, mem := manualStore()
+	store := &decideThenFail{Store: mem}
+	store.fail.Store(true)
+	cfg := config(t, "      pending_timeout: 50ms")
+	pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
+	up := &upstream{}
+	h := guard(t, cfg, store, nil).Wrap(up)
+	if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusServiceUnavailable || problemOf(t, r)["code"] != "IDEMPOTENCY_STORE_UNAVAILABLE" {
+		t.Fatalf("a decision without an answer: %d %s, want 503", r.status, r.body)
+	}
+	if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusConflict {
+		t.Fatalf("within the lease: %d, want 409", r.status)
+	}
+	clock.Advance(pol.Lease() + time.Second)
+	if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusCreated {
+		t.Fatalf("after the lease: %d %s, want the upstream's 201", r.status, r.body)
+	}
+	if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("then: %d %v, want a replay", r.status, r.header)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream calls %d, want 1", n)
+	}
+}
+
+// decideThenFail applies a decision and reports the store unavailable, as
+// a Redis call whose reply was lost after the script ran.
+type decideThenFail struct {
+	*memstore.Store
+	fail atomic.Bool
+}
+
+func (s *decideThenFail) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedupe.Decision, error) {
+	d, err := s.Store.Decide(ctx, reqs)
+	if s.fail.CompareAndSwap(true, false) {
+		return nil, fmt.Errorf("%w: i/o timeout", dedupe.ErrStoreUnavailable)
+	}
+	return d, err
+}
+
+// A holder slower than its lease and the request that took its key over
+// give one answer between them, whatever the upstream answered.
+func TestASlowHolderAndItsTakerGiveOneAnswer(t *testing.T) {
+	for _, status := range []int{http.StatusCreated, http.StatusServiceUnavailable} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			clock, store := manualStore()
+			cfg := config(t, "      pending_timeout: 50ms")
+			pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
+			entered, release := make(chan struct{}), make(chan struct{})
+			up := &upstream{}
+			up.answer = func(w http.ResponseWriter, r *http.Request) {
+				if up.calls.Load() == 1 {
+					close(entered)
+					<-release
+				}
+				w.WriteHeader(status)
+			}
+			h := guard(t, cfg, store, nil).Wrap(up)
+			done := make(chan reply)
+			go func() { done <- post(t, h, "/api/coupon/claim", key1, `{"amount":50}`) }()
+			<-entered
+			clock.Advance(pol.Lease() + time.Second) // the holder is late (or the store's clock stepped)
+			taker := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
+			close(release)
+			holder := <-done
+			later := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
+			if up.calls.Load() > 1 && status < 300 {
+				t.Fatalf("a succeeded key was called %d times", up.calls.Load())
+			}
+			if status < 300 && (holder.status != later.status || taker.status != later.status) {
+				t.Errorf("holder %d, taker %d, later %d: want one answer", holder.status, taker.status, later.status)
+			}
+			if holder.status != taker.status && taker.status != http.StatusConflict {
+				t.Errorf("holder %d, taker %d: two answers for one execution", holder.status, taker.status)
+			}
+		})
+	}
+}
+
+// An upstream that breaks off its answer (ReverseProxy then aborts the
+// handler with a panic) is an unknown outcome: answered and kept, the key
+// not left PENDING.
+func TestABrokenUpstreamAnswerIsAnUnknownOutcome(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				buf := make([]byte, 4096)
+				_, _ = c.Read(buf)
+				_, _ = io.WriteString(c, "HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n{\"coupon\":")
+				_ = c.Close()
+			}()
+		}
+	}()
+	store := memstore.New()
+	cfg := config(t, "")
+	cfg.HTTP.Upstream = "http://" + ln.Addr().String()
+	p, err := frontdoor.NewProxy(cfg, store, frontdoor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	defer srv.Close()
+	for i := range 2 {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/api/coupon/claim", strings.NewReader(`{"amount":50}`))
+		req.Header.Set("Idempotency-Key", key1)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusGatewayTimeout || !strings.Contains(string(b), "IDEMPOTENCY_OUTCOME_UNKNOWN") {
+			t.Fatalf("request %d: %d %s, want 504 outcome unknown", i, resp.StatusCode, b)
+		}
+	}
+	pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
+	if e, _, _ := store.Lookup(context.Background(), pol.Pipeline, scopedKey1); e.State != dedupe.Success {
+		t.Fatalf("entry %s, want SUCCESS (the unknown outcome kept)", e.State)
+	}
+}
+
+// Informational answers (103 Early Hints; 100 Continue for a client that
+// sent Expect: 100-continue) are not the answer: the final one is kept.
+func TestInformationalAnswersAreNotTheAnswer(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		expect bool
+		hints  bool
+	}{{"early hints", false, true}, {"expect 100-continue", true, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			up := &upstream{}
+			if c.hints {
+				up.answer = func(w http.ResponseWriter, r *http.Request) {
+					w.Header().Set("Link", "</style.css>; rel=preload")
+					w.WriteHeader(http.StatusEarlyHints)
+					w.WriteHeader(http.StatusCreated)
+					_, _ = io.WriteString(w, `{"coupon":"C"}`)
+				}
+			}
+			usrv := httptest.NewServer(up)
+			defer usrv.Close()
+			cfg := config(t, "")
+			cfg.HTTP.Upstream = usrv.URL
+			p, err := frontdoor.NewProxy(cfg, memstore.New(), frontdoor.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(p)
+			defer srv.Close()
+			client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Second}}
+			defer client.CloseIdleConnections()
+			for i := range 2 {
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/api/coupon/claim", strings.NewReader(`{"amount":50}`))
+				req.Header.Set("Idempotency-Key", key1)
+				if c.expect {
+					req.Header.Set("Expect", "100-continue")
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusCreated {
+					t.Fatalf("request %d: %d, want 201", i, resp.StatusCode)
+				}
+			}
+			if n := up.calls.Load(); n != 1 {
+				t.Fatalf("upstream calls %d, want 1", n)
+			}
+		})
+	}
+}
+
+// After a rules change, the same body on a key whose first request left
+// nothing to compare with is not a conflict: it is decided again.
+func TestARulesChangeOnAnUnclaimedKeyIsNotAConflict(t *testing.T) {
+	clock, store := manualStore()
+	old := config(t, "      pending_timeout: 50ms")
+	body := `{"amount":50,"trace":"t-1"}`
+	stoppedHolder(t, old, store, body, false, "")
+	cfg := config(t, "      pending_timeout: 50ms")
+	cfg.HTTP.Routes[0].Volatile = append(cfg.HTTP.Routes[0].Volatile, "/trace")
+	pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
+	up := &upstream{}
+	h := guard(t, cfg, store, nil).Wrap(up)
+	clock.Advance(pol.Lease() + time.Second)
+	if r := post(t, h, "/api/coupon/claim", key1, body); r.status != http.StatusCreated {
+		t.Fatalf("the same body after a rules change: %d %s, want it handled", r.status, r.body)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream calls %d", n)
+	}
+}
