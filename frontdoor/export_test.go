@@ -1,6 +1,8 @@
 package frontdoor
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemstream/idemstream/dedupe"
@@ -20,4 +22,12 @@ func ClaimName(scopedKey string, e *dedupe.Entry) string {
 
 func AnswerName(scopedKey string, e *dedupe.Entry) string {
 	return (&Guard{}).answerName(&request{key: scopedKey}, e)
+}
+
+// ShortenStoreTimeout sets the store budget of a request's phases for one
+// test.
+func ShortenStoreTimeout(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := storeTimeout
+	storeTimeout = d
+	t.Cleanup(func() { storeTimeout = old })
 }

@@ -131,6 +131,7 @@ func (g *Guard) Wrap(next http.Handler) http.Handler {
 func (g *Guard) Middleware() func(http.Handler) http.Handler { return g.Wrap }
 
 func (g *Guard) count(outcome string) {
+	g.log.Debug("guarded request", "route", g.route.Name, "outcome", outcome)
 	if g.metrics != nil {
 		g.metrics.requests.WithLabelValues(g.route.Name, outcome).Inc()
 	}
@@ -189,7 +190,7 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		Topic: "http/" + g.route.Name + "/" + g.instance, Offset: seq, Value: body, Time: time.Now(),
 		Headers: []dedupe.Header{{Key: keyHeader, Value: []byte(q.key)}},
 	}
-	storeCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
+	storeCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout+2*g.route.PendingTimeout.D())
 	defer cancel()
 	q.store = storeCtx
 	o, ok := g.decide(w, q)
@@ -213,8 +214,10 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	}
 }
 
-// storeTimeout bounds each store call of a request.
-const storeTimeout = 10 * time.Second
+// storeTimeout bounds the store calls of one phase of a request: deciding
+// and claiming (with the waits of pending_timeout on top), then keeping
+// the answer and completing the key. A variable for the tests.
+var storeTimeout = 10 * time.Second
 
 // randomAttempt is a positive number no other request will draw.
 func randomAttempt() int64 {
@@ -305,6 +308,11 @@ func (g *Guard) decide(w http.ResponseWriter, q *request) (dedupe.Outcome, bool)
 	for {
 		outs, deferred, err := g.decider.DecideAvailable(q.store, q.holder, []dedupe.Record{q.rec}, q.intent)
 		if err != nil {
+			// The decision may have been made and its answer lost: release
+			// the key if this request holds it (a completion takes only
+			// its own token), so that a retry need not wait out a lease.
+			_, _ = g.store.Complete(q.store, []dedupe.Completion{{Namespace: g.policy.Pipeline, Key: q.key,
+				Owner: dedupe.Owner{Holder: q.holder, Source: q.rec.Source()}, State: dedupe.Pending}})
 			g.unavailable(w, err)
 			return dedupe.Outcome{}, false
 		}
@@ -442,6 +450,11 @@ func (g *Guard) call(w http.ResponseWriter, q *request, o *dedupe.Outcome, next 
 	}
 	won, err := g.store.KeepFirst(q.store, g.policy.Pipeline, g.claimName(q, &o.Decision.Entry), mine, g.keptTTL())
 	if err != nil {
+		// The claim is unique to this request: asking again tells whether
+		// the first write landed.
+		won, err = g.store.KeepFirst(q.store, g.policy.Pipeline, g.claimName(q, &o.Decision.Entry), mine, g.keptTTL())
+	}
+	if err != nil {
 		g.release(q, o)
 		g.unavailable(w, err)
 		return
@@ -467,6 +480,9 @@ func (g *Guard) call(w http.ResponseWriter, q *request, o *dedupe.Outcome, next 
 	}
 	a := g.answerOf(rec, failure, ctx.Err())
 	a.Request = q.body
+	fin, cancelFin := context.WithTimeout(context.WithoutCancel(q.r.Context()), storeTimeout)
+	defer cancelFin()
+	q.store = fin
 	g.finish(w, q, o, a, false)
 }
 
@@ -496,8 +512,7 @@ func (g *Guard) await(w http.ResponseWriter, q *request, o *dedupe.Outcome) {
 			g.unavailable(w, err)
 			return
 		case found:
-			g.count(OutcomeReplay)
-			a.write(w, true)
+			g.finish(w, q, o, a, true) // completes the key if this request owns it
 			return
 		case !time.Now().Add(pause).Before(deadline):
 			g.inProgress(w)

@@ -115,40 +115,49 @@ func TestAKeptAnswerOfAStoppedHolderIsReplayed(t *testing.T) {
 	}
 }
 
-// A decision whose answer was lost (a store timeout after the write), or
-// whose client left during it, leaves a PENDING key that no request
-// claimed: after the lease a retry makes the one upstream call.
-func TestAnUnclaimedKeyIsCalledOnceAfterItsLease(t *testing.T) {
-	clock, mem := manualStore()
-	store := &decideThenFail{Store: mem}
-	store.fail.Store(true)
-	cfg := config(t, "      pending_timeout: 50ms")
-	pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
-	up := &upstream{}
-	h := guard(t, cfg, store, nil).Wrap(up)
-	if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusServiceUnavailable || problemOf(t, r)["code"] != "IDEMPOTENCY_STORE_UNAVAILABLE" {
-		t.Fatalf("a decision without an answer: %d %s, want 503", r.status, r.body)
-	}
-	if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusConflict {
-		t.Fatalf("within the lease: %d, want 409", r.status)
-	}
-	clock.Advance(pol.Lease() + time.Second)
-	if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusCreated {
-		t.Fatalf("after the lease: %d %s, want the upstream's 201", r.status, r.body)
-	}
-	if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("then: %d %v, want a replay", r.status, r.header)
-	}
-	if n := up.calls.Load(); n != 1 {
-		t.Fatalf("upstream calls %d, want 1", n)
+// A decision whose answer was lost (a store timeout after the write)
+// leaves a PENDING key that no request claimed. The refused request
+// releases it, so its retry makes the one upstream call at once; if the
+// release is lost too, the retry waits out the lease first.
+func TestAnUnclaimedKeyIsCalledOnce(t *testing.T) {
+	for _, releaseLost := range []bool{false, true} {
+		t.Run(fmt.Sprintf("release lost %v", releaseLost), func(t *testing.T) {
+			clock, mem := manualStore()
+			store := &decideThenFail{Store: mem}
+			store.fail.Store(true)
+			store.failComplete.Store(releaseLost)
+			cfg := config(t, "      pending_timeout: 50ms")
+			pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
+			up := &upstream{}
+			h := guard(t, cfg, store, nil).Wrap(up)
+			if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusServiceUnavailable || problemOf(t, r)["code"] != "IDEMPOTENCY_STORE_UNAVAILABLE" {
+				t.Fatalf("a decision without an answer: %d %s, want 503", r.status, r.body)
+			}
+			if releaseLost {
+				if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusConflict {
+					t.Fatalf("within the lease: %d, want 409", r.status)
+				}
+				clock.Advance(pol.Lease() + time.Second)
+			}
+			if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusCreated {
+				t.Fatalf("the retry: %d %s, want the upstream's 201", r.status, r.body)
+			}
+			if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("then: %d %v, want a replay", r.status, r.header)
+			}
+			if n := up.calls.Load(); n != 1 {
+				t.Fatalf("upstream calls %d, want 1", n)
+			}
+		})
 	}
 }
 
 // decideThenFail applies a decision and reports the store unavailable, as
-// a Redis call whose reply was lost after the script ran.
+// a Redis call whose reply was lost after the script ran; failComplete
+// loses the next completion as well.
 type decideThenFail struct {
 	*memstore.Store
-	fail atomic.Bool
+	fail, failComplete atomic.Bool
 }
 
 func (s *decideThenFail) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedupe.Decision, error) {
@@ -157,6 +166,13 @@ func (s *decideThenFail) Decide(ctx context.Context, reqs []dedupe.DecideRequest
 		return nil, fmt.Errorf("%w: i/o timeout", dedupe.ErrStoreUnavailable)
 	}
 	return d, err
+}
+
+func (s *decideThenFail) Complete(ctx context.Context, comps []dedupe.Completion) ([]error, error) {
+	if s.failComplete.CompareAndSwap(true, false) {
+		return nil, fmt.Errorf("%w: i/o timeout", dedupe.ErrStoreUnavailable)
+	}
+	return s.Store.Complete(ctx, comps)
 }
 
 // A holder slower than its lease and the request that took its key over
@@ -320,5 +336,116 @@ func TestARulesChangeOnAnUnclaimedKeyIsNotAConflict(t *testing.T) {
 	}
 	if n := up.calls.Load(); n != 1 {
 		t.Fatalf("upstream calls %d", n)
+	}
+}
+
+// The store calls after a slow upstream get a budget of their own: an
+// answer that took longer than the store budget is still kept, and a
+// retry waiting longer than it still gets the answer, not a 503.
+func TestASlowUpstreamAnswerIsKept(t *testing.T) {
+	frontdoor.ShortenStoreTimeout(t, 200*time.Millisecond)
+	clock, store := manualStore()
+	cfg := config(t, "      pending_timeout: 1s")
+	pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
+	entered := make(chan struct{})
+	up := &upstream{}
+	up.answer = func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		time.Sleep(500 * time.Millisecond) // longer than the store budget, well inside upstream_timeout
+		w.WriteHeader(http.StatusCreated)
+	}
+	h := guard(t, cfg, store, nil).Wrap(up)
+	done := make(chan reply)
+	go func() { done <- post(t, h, "/api/coupon/claim", key1, `{"amount":50}`) }()
+	<-entered
+	waiter := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
+	first := <-done
+	if first.status != http.StatusCreated || waiter.status != http.StatusCreated || waiter.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("first %d, a retry that waited for it %d %s: want 201 and the replayed 201", first.status, waiter.status, waiter.body)
+	}
+	clock.Advance(pol.Lease() + time.Second)
+	if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("a retry after the lease: %d %s, want the kept 201", r.status, r.body)
+	}
+	if e, _, _ := store.Lookup(context.Background(), pol.Pipeline, scopedKey1); e.State != dedupe.Success {
+		t.Fatalf("entry %s, want SUCCESS", e.State)
+	}
+}
+
+// claimReplyLost lands the first claim and reports the store unavailable,
+// as a Redis call whose reply was lost (or whose WAIT fell short).
+type claimReplyLost struct {
+	*memstore.Store
+	done atomic.Bool
+}
+
+func (s *claimReplyLost) KeepFirst(ctx context.Context, ns, name string, v []byte, ttl time.Duration) ([]byte, error) {
+	b, err := s.Store.KeepFirst(ctx, ns, name, v, ttl)
+	if strings.HasSuffix(name, "\x00call") && s.done.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("keep: %w: i/o timeout", dedupe.ErrStoreUnavailable)
+	}
+	return b, err
+}
+
+// A claim that landed though its reply was lost is still this request's:
+// asked again, the store says so, and the one call is made.
+func TestALostClaimReplyStillCallsOnce(t *testing.T) {
+	_, mem := manualStore()
+	store := &claimReplyLost{Store: mem}
+	cfg := config(t, "      pending_timeout: 50ms")
+	up := &upstream{}
+	h := guard(t, cfg, store, nil).Wrap(up)
+	first := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
+	retry := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
+	if first.status != http.StatusCreated || retry.status != http.StatusCreated || retry.header.Get("Idempotent-Replayed") != "true" || up.calls.Load() != 1 {
+		t.Fatalf("first %d, retry %d %s, upstream calls %d: want 201, the replayed 201, 1", first.status, retry.status, retry.body, up.calls.Load())
+	}
+}
+
+// lateClaim holds the first claim write until a second claim arrives,
+// then lets it land first: a holder and the request that took its key
+// over, the taker left to wait for the holder's answer.
+type lateClaim struct {
+	*memstore.Store
+	n            atomic.Int32
+	first, wrote chan struct{}
+}
+
+func (s *lateClaim) KeepFirst(ctx context.Context, ns, name string, v []byte, ttl time.Duration) ([]byte, error) {
+	if strings.HasSuffix(name, "\x00call") {
+		switch s.n.Add(1) {
+		case 1:
+			close(s.first)
+			<-s.wrote
+			return s.Store.KeepFirst(ctx, ns, name, v, ttl)
+		case 2:
+			s.wrote <- struct{}{}
+			time.Sleep(20 * time.Millisecond) // the holder's claim lands first
+		}
+	}
+	return s.Store.KeepFirst(ctx, ns, name, v, ttl)
+}
+
+// A taker that lost the claim and found the holder's answer completes the
+// key it now owns: later retries are replays, not 409s for its lease.
+func TestATakerThatWaitedCompletesTheKey(t *testing.T) {
+	clock, mem := manualStore()
+	store := &lateClaim{Store: mem, first: make(chan struct{}), wrote: make(chan struct{})}
+	cfg := config(t, "      pending_timeout: 1s")
+	pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
+	up := &upstream{}
+	h := guard(t, cfg, store, nil).Wrap(up)
+	done := make(chan reply)
+	go func() { done <- post(t, h, "/api/coupon/claim", key1, `{"amount":50}`) }()
+	<-store.first
+	clock.Advance(pol.Lease() + time.Second)
+	taker := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
+	holder := <-done
+	if e, _, _ := mem.Lookup(context.Background(), pol.Pipeline, scopedKey1); e.State != dedupe.Success {
+		t.Fatalf("holder %d, taker %d: entry %s, want SUCCESS", holder.status, taker.status, e.State)
+	}
+	later := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
+	if later.status != holder.status || taker.status != holder.status || later.header.Get("Idempotent-Replayed") != "true" || up.calls.Load() != 1 {
+		t.Fatalf("holder %d, taker %d, later %d, calls %d: want one answer, replayed, one call", holder.status, taker.status, later.status, up.calls.Load())
 	}
 }

@@ -116,6 +116,8 @@ func TestThroughput(t *testing.T) {
 	}
 	passRuns := make([]passRun, rounds+1)
 	idemRuns := make([]idemRun, rounds)
+	var baselineCPU float64
+	var entryBytes int
 	passRuns[0] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, passTopic(run, 0), passTopic(run, 0))
 	for r := range rounds {
 		idemRuns[r] = runIdemstream(ctx, t, idemBin, brokers, redisAddr, roundName(run, r), input, end, bound, broker, rdb)
@@ -126,6 +128,9 @@ func TestThroughput(t *testing.T) {
 		// with 2 million entries written beforehand it spent 21.9 µs in the
 		// round that took the keyspace past 2^21 and 9 in the next two),
 		// which made later rounds no match for earlier ones.
+		if r == rounds-1 {
+			baselineCPU, entryBytes = setNXBaseline(ctx, t, rdb, roundName(run, r), run+"-setnx", n)
+		}
 		dropKeys(ctx, t, rdb, roundName(run, r))
 		passRuns[r+1] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, passTopic(run, r+1), passTopic(run, r+1))
 	}
@@ -194,6 +199,12 @@ func TestThroughput(t *testing.T) {
 		}
 	}
 	reportRedis(t, persistence, fsyncPolicy(ctx, rdb), redisCPU, diffCommands(nil, redisCommands), rounds*n)
+	if baselineCPU > 0 {
+		per := redisCPU * 1e6 / float64(rounds*n)
+		base := baselineCPU * 1e6 / float64(n)
+		t.Logf("redis baseline: a pipelined SET NX PX of a %d-byte entry per record (batches of 1000, the same server, after the last round): %.1f µs per record; idemstream / SET NX: %.2f (goal <= 1.5)",
+			entryBytes, base, per/base)
+	}
 	if streamsTime > 0 {
 		streamsRate := rate(streamsTime)
 		t.Logf("Kafka Streams peer (processor with a RocksDB store, exactly_once_v2, 2 stream threads, commit every 1s, the same canonical rules; internal/load/streams): %.0f records/s (%v from process start to lag 0, JVM start and group join included), peak RSS %.0f MB",
@@ -306,6 +317,45 @@ func dropKeys(ctx context.Context, t *testing.T, rdb *redis.Client, prefix strin
 		t.Fatalf("redis SCAN: %v", err)
 	}
 	flush()
+}
+
+// setNXBaseline writes n entries the size of one of the round's (under
+// from) with a pipelined SET NX PX each, as the cheapest decision a store
+// could make, and returns the Redis server's CPU seconds for them and the
+// entry's size; it removes them again.
+func setNXBaseline(ctx context.Context, t *testing.T, rdb *redis.Client, from, prefix string, n int) (float64, int) {
+	t.Helper()
+	keys, _, err := rdb.Scan(ctx, 0, from+":*", 100).Result()
+	if err != nil || len(keys) == 0 {
+		t.Logf("redis baseline: no entry of %s to size it by (%v)", from, err)
+		return 0, 0
+	}
+	sample, err := rdb.Get(ctx, keys[0]).Result()
+	if err != nil {
+		t.Fatalf("redis GET: %v", err)
+	}
+	value := strings.Repeat("x", len(sample))
+	before, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		t.Fatalf("redis INFO: %v", err)
+	}
+	for start := 0; start < n; start += 1000 {
+		pipe := rdb.Pipeline()
+		for i := start; i < min(start+1000, n); i++ {
+			pipe.SetNX(ctx, prefix+":{k"+strconv.Itoa(i)+"}", value, 10*time.Minute)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatalf("redis: SET NX baseline: %v", err)
+		}
+	}
+	after, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		t.Fatalf("redis INFO: %v", err)
+	}
+	fb, _ := parseInfo(before)
+	fa, _ := parseInfo(after)
+	dropKeys(ctx, t, rdb, prefix)
+	return serverCPU(fa) - serverCPU(fb), len(sample)
 }
 
 // fillStore writes n entries of 500 bytes, each with an hour's expiry,
