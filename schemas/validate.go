@@ -252,9 +252,8 @@ func (c *Config) validate() error {
 		}
 		// The second pitfall of docs/incident.md: a window shorter than the client's
 		// retry interval turns a late retry into a second charge.
-		if minWindow := p.ClientMaxRetryInterval.D() * 3 / 2; p.Window.D() < minWindow {
-			return fieldErr(at("window"), "%s is shorter than 1.5 × client_max_retry_interval (%s) = %s: a late client retry would count as a new request",
-				p.Window, p.ClientMaxRetryInterval, formatDuration(minWindow))
+		if err := checkRetryWindow(at("window"), p.Window, p.ClientMaxRetryInterval); err != nil {
+			return err
 		}
 		if _, _, err := p.StartPosition(); err != nil {
 			return fieldErr(at("start"), "%v", err)
@@ -303,9 +302,8 @@ func (c *Config) validateHTTP() error {
 				return fieldErr(at(field), "must be longer than zero")
 			}
 		}
-		if minWindow := r.ClientMaxRetryInterval.D() * 3 / 2; r.Window.D() < minWindow {
-			return fieldErr(at("window"), "%s is shorter than 1.5 × client_max_retry_interval (%s) = %s: a late client retry would count as a new request",
-				r.Window, r.ClientMaxRetryInterval, formatDuration(minWindow))
+		if err := checkRetryWindow(at("window"), r.Window, r.ClientMaxRetryInterval); err != nil {
+			return err
 		}
 		// A key whose holder stopped is taken over once its lease ends:
 		// that must leave the window room to answer its retries.
@@ -321,6 +319,17 @@ func (c *Config) validateHTTP() error {
 				return fieldErr(at("replay_headers"), "%s is a request header the route reads (key or volatile): it is not an answer header to replay", hd)
 			}
 		}
+	}
+	return nil
+}
+
+// checkRetryWindow is the second pitfall of docs/incident.md: a window
+// shorter than the client's retry interval turns a late retry into a
+// second charge.
+func checkRetryWindow(field string, window, retry Duration) error {
+	if minWindow := retry.D() * 3 / 2; window.D() < minWindow {
+		return fieldErr(field, "%s is shorter than 1.5 × client_max_retry_interval (%s) = %s: a late client retry would count as a new request",
+			window, retry, formatDuration(minWindow))
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 
 	"github.com/idemstream/idemstream/internal/demo"
 )
@@ -34,18 +35,12 @@ func cmdDemo(ctx context.Context, e *env, args []string) error {
 	if !asJSON && isTerminal(e.stderr) {
 		opts.Progress = e.stderr
 	}
+	var f interface{ Print(io.Writer) }
 	if *overHTTP {
-		f, err := demo.RunHTTP(ctx, opts)
-		if err != nil {
-			return err
-		}
-		if asJSON {
-			return writeJSON(e, f)
-		}
-		f.Print(e.stdout)
-		return nil
+		f, err = demo.RunHTTP(ctx, opts)
+	} else {
+		f, err = demo.Run(ctx, opts)
 	}
-	f, err := demo.Run(ctx, opts)
 	if err != nil {
 		return err
 	}

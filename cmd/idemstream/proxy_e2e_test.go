@@ -133,14 +133,7 @@ func TestProxyOnTheRealRedis(t *testing.T) {
 			t.Errorf("proxy exited %d:\n%s", code, stderr.String())
 		}
 	}()
-	waitUntil(t, 30*time.Second, "the proxy to be ready", func() bool {
-		resp, err := http.Get("http://" + metrics + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	waitReady(t, metrics)
 
 	const key, clients = "7c2d4f1e-5b6a-4c3d-9e8f-0a1b2c3d4e5f", 200
 	replies := make([]httpReply, clients)
@@ -221,14 +214,7 @@ func TestProxyKilledWhileTheUpstreamAnswers(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		waitUntil(t, 30*time.Second, "the proxy to be ready", func() bool {
-			resp, err := http.Get("http://" + metrics + "/readyz")
-			if err != nil {
-				return false
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		})
+		waitReady(t, metrics)
 		return cmd, out
 	}
 	first, _ := start()
@@ -334,14 +320,7 @@ func TestHTTPRetriesThroughProxyAndPipelineGiveOneResult(t *testing.T) {
 	go func() {
 		proxyDone <- run(ctx, []string{"proxy", "-c", config, "--metrics-addr", metrics, "--log-format", "text"}, strings.NewReader(""), io.Discard, stderr, func(string) string { return "" })
 	}()
-	waitUntil(t, 30*time.Second, "the proxy to be ready", func() bool {
-		resp, err := http.Get("http://" + metrics + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	waitReady(t, metrics)
 	const key = "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a8b"
 	for i := range 5 {
 		r := claimAt(listen, key, fmt.Sprintf(`{"user":"u-3","coupon":"VIP300-50","client_time":"12:00:0%d","retry_count":%d}`, i, i))
@@ -385,4 +364,17 @@ func committed(t *testing.T, brokers []string, group, topic string) int64 {
 		return -1
 	}
 	return resp.Topics[topic][0].CommittedOffset
+}
+
+// waitReady waits for the /readyz of the metrics address to say ready.
+func waitReady(t *testing.T, metrics string) {
+	t.Helper()
+	waitUntil(t, 30*time.Second, "the proxy to be ready", func() bool {
+		resp, err := http.Get("http://" + metrics + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 }
