@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 
 	"github.com/idemstream/idemstream/consumer"
+	"github.com/idemstream/idemstream/frontdoor"
 	"github.com/idemstream/idemstream/schemas"
 )
 
@@ -54,6 +55,9 @@ func registered(t *testing.T) map[string]metric {
 	caught := &catching{Registerer: reg}
 	if _, err := consumer.NewMetrics(caught, "test"); err != nil {
 		t.Fatalf("consumer.NewMetrics: %v", err)
+	}
+	if _, err := frontdoor.NewMetrics(caught); err != nil {
+		t.Fatalf("frontdoor.NewMetrics: %v", err)
 	}
 	for _, c := range caught.collectors {
 		get := reflect.ValueOf(c).MethodByName("GetMetricWithLabelValues")
