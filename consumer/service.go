@@ -88,14 +88,11 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 			return nil, fmt.Errorf("consumer: a handler for pipeline %q, which the configuration does not have", name)
 		}
 	}
-	dialer, _, err := sinks.Security(cfg, o.Getenv)
-	if err != nil {
-		return nil, err
-	}
 	writer, err := sinks.Connect(cfg, o.Getenv)
 	if err != nil {
 		return nil, err
 	}
+	dialer := writer.Dialer()
 	var metrics *Metrics
 	reg := &undoable{Registerer: o.Registerer}
 	if o.Registerer != nil {

@@ -11,7 +11,8 @@
 //
 //	cfg, err := schemas.Load("idemstream.yaml")
 //	store, closeStore, err := consumer.OpenStore(cfg, os.Getenv) // Redis, as the file says
-//	g, err := frontdoor.NewGuard(cfg, cfg.HTTP.Routes[0], store.(frontdoor.Store), frontdoor.Options{})
+//	m, err := frontdoor.NewMetrics(prometheus.DefaultRegisterer)
+//	g, err := frontdoor.NewGuard(cfg, cfg.HTTP.Routes[0], store.(frontdoor.Store), frontdoor.Options{Metrics: m})
 //	mux.Handle("POST /api/coupon/claim", g.Wrap(claimHandler))
 //
 // # What a request is answered
@@ -39,7 +40,8 @@
 //
 // Every answer the front door gives itself is an RFC 9457 problem with a
 // code: IDEMPOTENCY_KEY_MISSING, IDEMPOTENCY_KEY_INVALID,
-// PAYLOAD_TOO_LARGE, REQUEST_BODY_INVALID, IDEMPOTENCY_PENDING,
+// PAYLOAD_TOO_LARGE, REQUEST_BODY_INVALID, REQUEST_BODY_UNREADABLE,
+// IDEMPOTENCY_PENDING,
 // IDEMPOTENCY_KEY_CONFLICT, IDEMPOTENCY_STORE_UNAVAILABLE,
 // UPSTREAM_UNREACHABLE, IDEMPOTENCY_OUTCOME_UNKNOWN, ANSWER_TOO_LARGE.
 //

@@ -45,6 +45,10 @@ type Options struct {
 	// Instance names this process in the owner tokens of its keys, before
 	// a random part of each Guard's own.
 	Instance string
+	// Ready, when set, is asked before every guarded request: while it
+	// returns an error (the store's settings not checked yet), requests
+	// are refused 503 and nothing is decided or passed on.
+	Ready func() error
 }
 
 // keyHeader carries the scoped key to the decider: the route's key
@@ -73,6 +77,7 @@ type Guard struct {
 	seq      atomic.Int64
 	stored   [10]bool // by status / 100
 	replay   []string // canonical header names
+	ready    func() error
 }
 
 // NewGuard builds the guard of route r of cfg.HTTP over store.
@@ -99,7 +104,7 @@ func NewGuard(cfg *schemas.Config, r schemas.Route, store Store, o Options) (*Gu
 		instance = o.Instance + "." + instance
 	}
 	g := &Guard{route: r, policy: pol, format: pol.Key.Format, store: store, metrics: o.Metrics, log: o.Logger,
-		timeout: timeout, instance: instance}
+		timeout: timeout, instance: instance, ready: o.Ready}
 	// The decider reads the scoped key the guard builds; the key's own
 	// format and length are checked before, on the header as sent.
 	inner := pol
@@ -155,6 +160,12 @@ type request struct {
 }
 
 func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if g.ready != nil {
+		if err := g.ready(); err != nil {
+			g.unavailable(w, err)
+			return
+		}
+	}
 	raw := r.Header.Get(g.route.Key.Name)
 	if raw == "" {
 		if !*g.route.KeyRequired {
@@ -184,10 +195,16 @@ func (g *Guard) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 			"Request body too large", fmt.Sprintf("the body is over %d bytes (max_payload_bytes), the most this route fingerprints", g.route.MaxPayloadBytes)))
 		return
 	}
+	decided := body
+	if len(bytes.TrimSpace(body)) == 0 {
+		// A request without a body (DELETE /orders/{id}): all of them
+		// are the same request under their key.
+		decided = []byte("null")
+	}
 	seq := g.seq.Add(1)
 	q := &request{r: r, body: body, key: g.scope(r, key), holder: g.instance + "/" + strconv.FormatInt(seq, 10), attempt: randomAttempt()}
 	q.rec = dedupe.Record{
-		Topic: "http/" + g.route.Name + "/" + g.instance, Offset: seq, Value: body, Time: time.Now(),
+		Topic: "http/" + g.route.Name + "/" + g.instance, Offset: seq, Value: decided, Time: time.Now(),
 		Headers: []dedupe.Header{{Key: keyHeader, Value: []byte(q.key)}},
 	}
 	storeCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout+2*g.route.PendingTimeout.D())
@@ -470,8 +487,14 @@ func (g *Guard) call(w http.ResponseWriter, q *request, o *dedupe.Outcome, next 
 	up := q.r.Clone(ctx)
 	up.Body = io.NopCloser(bytes.NewReader(q.body))
 	up.ContentLength = int64(len(q.body))
-	up.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(q.body)), nil }
+	// No GetBody: with it and an Idempotency-Key header, net/http's
+	// client takes the request for one it may send again on its own when
+	// a kept-alive connection breaks, a second call the guard never saw.
+	up.GetBody = nil
 	up.Header.Del("Expect") // the body is read already: nothing to continue
+	// The answer is kept and replayed decoded: an encoding negotiated
+	// with the first client would reach clients that never asked for it.
+	up.Header.Del("Accept-Encoding")
 	rec := newRecorder(maxAnswerBytes)
 	start := time.Now()
 	g.serveUpstream(next, rec, up, failure)
@@ -544,7 +567,7 @@ func (g *Guard) answerOf(rec *recorder, failure *upstreamFailure, ctxErr error) 
 		return a
 	case failure.unknown || errors.Is(ctxErr, context.DeadlineExceeded):
 		p := newProblem(http.StatusGatewayTimeout, "IDEMPOTENCY_OUTCOME_UNKNOWN", "outcome-unknown", "Outcome unknown",
-			"the service did not answer in time and may have acted on the request; every retry with this key gets this answer: check the request's effect before sending it again with a new key")
+			"the service did not answer in time, or its answer broke off, and it may have acted on the request; every retry with this key gets this answer: check the request's effect before sending it again with a new key")
 		a := p.answer()
 		a.Ended = endedUnknown
 		return a
@@ -564,6 +587,11 @@ func (g *Guard) answerOf(rec *recorder, failure *upstreamFailure, ctxErr error) 
 		if vs := rec.header.Values(h); len(vs) > 0 {
 			a.Header[h] = vs
 		}
+	}
+	// An upstream that encodes its body unasked: the body cannot be read
+	// without it.
+	if vs := rec.header.Values("Content-Encoding"); len(vs) > 0 {
+		a.Header["Content-Encoding"] = vs
 	}
 	a.Failed = !g.stored[status/100]
 	return a

@@ -243,8 +243,10 @@ func TestRetryWhileInProgressIs409WithRetryAfter(t *testing.T) {
 		h := guard(t, config(t, "      pending_timeout: 200ms\n      retry_after: 3s"), store, nil).Wrap(up)
 		done := make(chan reply)
 		go func() { done <- post(t, h, "/api/coupon/claim", key1, fmt.Sprintf(claim, "a", 0)) }()
-		for up.calls.Load() == 0 {
-			time.Sleep(time.Millisecond)
+		for deadline := time.Now().Add(10 * time.Second); up.calls.Load() == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the upstream was never called")
+			}
 		}
 		r := post(t, h, "/api/coupon/claim", key1, fmt.Sprintf(claim, "b", 1))
 		if r.status != http.StatusConflict || r.header.Get("Retry-After") != "3" || problemOf(t, r)["code"] != "IDEMPOTENCY_PENDING" {

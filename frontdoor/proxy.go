@@ -32,7 +32,7 @@ func NewProxy(cfg *schemas.Config, store Store, o Options) (*Proxy, error) {
 		return nil, &schemas.FieldError{Field: "http.upstream", Msg: "the proxy needs the URL of the service it stands in front of"}
 	}
 	target, err := url.Parse(cfg.HTTP.Upstream)
-	if err != nil || target.Host == "" {
+	if err != nil || target.Host == "" || (target.Scheme != "http" && target.Scheme != "https") {
 		return nil, &schemas.FieldError{Field: "http.upstream", Msg: fmt.Sprintf("%q is not an http:// or https:// URL", cfg.HTTP.Upstream)}
 	}
 	if o.Logger == nil {

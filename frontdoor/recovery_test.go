@@ -1,8 +1,10 @@
 package frontdoor_test
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -407,8 +409,8 @@ func TestALostClaimReplyStillCallsOnce(t *testing.T) {
 // over, the taker left to wait for the holder's answer.
 type lateClaim struct {
 	*memstore.Store
-	n            atomic.Int32
-	first, wrote chan struct{}
+	n                    atomic.Int32
+	first, wrote, landed chan struct{}
 }
 
 func (s *lateClaim) KeepFirst(ctx context.Context, ns, name string, v []byte, ttl time.Duration) ([]byte, error) {
@@ -417,10 +419,11 @@ func (s *lateClaim) KeepFirst(ctx context.Context, ns, name string, v []byte, tt
 		case 1:
 			close(s.first)
 			<-s.wrote
+			defer close(s.landed)
 			return s.Store.KeepFirst(ctx, ns, name, v, ttl)
 		case 2:
 			s.wrote <- struct{}{}
-			time.Sleep(20 * time.Millisecond) // the holder's claim lands first
+			<-s.landed // the holder's claim lands first
 		}
 	}
 	return s.Store.KeepFirst(ctx, ns, name, v, ttl)
@@ -430,7 +433,7 @@ func (s *lateClaim) KeepFirst(ctx context.Context, ns, name string, v []byte, tt
 // key it now owns: later retries are replays, not 409s for its lease.
 func TestATakerThatWaitedCompletesTheKey(t *testing.T) {
 	clock, mem := manualStore()
-	store := &lateClaim{Store: mem, first: make(chan struct{}), wrote: make(chan struct{})}
+	store := &lateClaim{Store: mem, first: make(chan struct{}), wrote: make(chan struct{}), landed: make(chan struct{})}
 	cfg := config(t, "      pending_timeout: 1s")
 	pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
 	up := &upstream{}
@@ -447,5 +450,125 @@ func TestATakerThatWaitedCompletesTheKey(t *testing.T) {
 	later := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
 	if later.status != holder.status || taker.status != holder.status || later.header.Get("Idempotent-Replayed") != "true" || up.calls.Load() != 1 {
 		t.Fatalf("holder %d, taker %d, later %d, calls %d: want one answer, replayed, one call", holder.status, taker.status, later.status, up.calls.Load())
+	}
+}
+
+// An upstream that acted on the request and then broke the connection is
+// called once: the proxy's client must not send the request again on its
+// own (net/http would, for a request with an Idempotency-Key header and a
+// body it can rewind).
+func TestABrokenConnectionIsNotResent(t *testing.T) {
+	var calls atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if calls.Add(1) == 2 { // the second key's first call: acted on, then cut
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				_ = conn.Close()
+			}
+			return
+		}
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	defer up.Close()
+	cfg := config(t, "")
+	cfg.HTTP.Upstream = up.URL
+	p, err := frontdoor.NewProxy(cfg, memstore.New(), frontdoor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first key opens the kept-alive connection the second reuses.
+	if r := post(t, p, "/api/coupon/claim", key1, `{"a":1}`); r.status != http.StatusOK {
+		t.Fatalf("first key: %d %s", r.status, r.body)
+	}
+	r := post(t, p, "/api/coupon/claim", key2, `{"a":1}`)
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("upstream calls %d, want 2 (one per key): the cut request was sent again", n)
+	}
+	if r.status != http.StatusGatewayTimeout || problemOf(t, r)["code"] != "IDEMPOTENCY_OUTCOME_UNKNOWN" {
+		t.Fatalf("cut after acting: %d %s, want 504 outcome unknown", r.status, r.body)
+	}
+}
+
+// The answer kept is the decoded one: the client's Accept-Encoding is not
+// passed on, so a retry from a client that cannot decode gzip reads it.
+func TestAnswersAreKeptDecoded(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") && r.Header.Get("X-Test-Raw") != "" {
+			w.Header().Set("Content-Encoding", "gzip")
+			zw := gzip.NewWriter(w)
+			_, _ = zw.Write([]byte(`{"ok":true}`))
+			_ = zw.Close()
+			return
+		}
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	defer up.Close()
+	cfg := config(t, "")
+	cfg.HTTP.Upstream = up.URL
+	p, err := frontdoor.NewProxy(cfg, memstore.New(), frontdoor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := post(t, p, "/api/coupon/claim", key1, `{"a":1}`, "Accept-Encoding", "gzip", "X-Test-Raw", "1")
+	retry := post(t, p, "/api/coupon/claim", key1, `{"a":1}`)
+	for _, r := range []reply{first, retry} {
+		if r.body != `{"ok":true}` || r.header.Get("Content-Encoding") != "" {
+			t.Fatalf("answer %q with Content-Encoding %q, want the decoded body", r.body, r.header.Get("Content-Encoding"))
+		}
+	}
+}
+
+// A route without a body (DELETE /orders/{id}) is guarded like any other:
+// its requests are one request under their key.
+func TestARouteWithoutABody(t *testing.T) {
+	up := &upstream{answer: func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }}
+	cfg := config(t, "")
+	cfg.HTTP.Routes[0].Method, cfg.HTTP.Routes[0].Path = http.MethodDelete, "/api/orders/{id}"
+	g := guard(t, cfg, memstore.New(), nil)
+	mux := http.NewServeMux()
+	mux.Handle("DELETE /api/orders/{id}", g.Wrap(up))
+	for i := range 2 {
+		req := httptest.NewRequest(http.MethodDelete, "/api/orders/7", nil)
+		req.Header.Set("Idempotency-Key", key1)
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, req)
+		if w.Code != http.StatusNoContent || (i == 1) != (w.Header().Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("request %d: %d %v", i, w.Code, w.Header())
+		}
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream calls %d, want 1", n)
+	}
+}
+
+// While Options.Ready says no, guarded requests are refused 503 and
+// nothing is decided.
+func TestNotReadyRefusesBeforeDeciding(t *testing.T) {
+	store := memstore.New()
+	cfg := config(t, "")
+	up := &upstream{}
+	var ready atomic.Bool
+	g, err := frontdoor.NewGuard(cfg, cfg.HTTP.Routes[0], store, frontdoor.Options{Ready: func() error {
+		if !ready.Load() {
+			return errors.New("store settings not checked yet")
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := g.Wrap(up)
+	if r := post(t, h, "/api/coupon/claim", key1, `{"a":1}`); r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" {
+		t.Fatalf("not ready: %d %v", r.status, r.header)
+	}
+	pol, _ := cfg.RoutePolicy(cfg.HTTP.Routes[0])
+	if _, found, _ := store.Lookup(context.Background(), pol.Pipeline, scopedKey1); found {
+		t.Fatal("a request refused as not ready left an entry")
+	}
+	ready.Store(true)
+	if r := post(t, h, "/api/coupon/claim", key1, `{"a":1}`); r.status != http.StatusCreated || up.calls.Load() != 1 {
+		t.Fatalf("ready: %d, calls %d", r.status, up.calls.Load())
 	}
 }

@@ -211,9 +211,11 @@ func formatDuration(d time.Duration) string {
 }
 
 // HTTP configures the front door: `idemstream proxy` in front of
-// Upstream, or frontdoor.New in a Go service.
+// Upstream, or frontdoor.NewGuard in a Go service.
 type HTTP struct {
-	Listen   string `json:"listen"`
+	// Listen is the proxy's listen address.
+	Listen string `json:"listen"`
+	// Upstream is the URL of the service the proxy stands in front of.
 	Upstream string `json:"upstream,omitempty"`
 	// UpstreamTimeout bounds one call of the upstream; a key is held
 	// (its lease) for twice the longer of it and a route's pending_timeout.
@@ -222,8 +224,10 @@ type HTTP struct {
 }
 
 // Route is one guarded endpoint: a method and a path (a net/http pattern,
-// {name} wildcards allowed), with the rules of a pipeline.
+// {name} wildcards allowed), with the rules of a pipeline. The fields are
+// described in docs/configuration.md (http.routes[]).
 type Route struct {
+	// Name labels the route's metrics; http.<Name> is its store namespace.
 	Name   string    `json:"name"`
 	Method string    `json:"method"`
 	Path   string    `json:"path"`
@@ -234,10 +238,14 @@ type Route struct {
 	// ClientHeader names the header that identifies the client (an API
 	// key, a tenant): part of the stored key, so that two clients' keys
 	// never meet.
-	ClientHeader    string   `json:"client_header,omitempty"`
-	Semantics       string   `json:"semantics"`
-	Window          Duration `json:"window"`
-	Volatile        []string `json:"volatile"`
+	ClientHeader string `json:"client_header,omitempty"`
+	// Semantics, Window, Volatile, Unordered, MaxPayloadBytes, FailedTTL
+	// and ClientMaxRetryInterval mean what they mean for a pipeline.
+	Semantics string   `json:"semantics"`
+	Window    Duration `json:"window"`
+	Volatile  []string `json:"volatile"`
+	// VolatileHeaders are the headers a retry may change (X-Retry-Count),
+	// published in the contract; no header is ever fingerprinted.
 	VolatileHeaders []string `json:"volatile_headers"`
 	Unordered       []string `json:"unordered"`
 	// StoreResponses are the classes of upstream answers (2xx, 3xx, 4xx,
@@ -245,11 +253,14 @@ type Route struct {
 	// with the same body calls the upstream again.
 	StoreResponses []string `json:"store_responses"`
 	// ReplayHeaders are the upstream's answer headers stored and replayed
-	// beside the status and the body.
-	ReplayHeaders          []string `json:"replay_headers"`
-	MaxPayloadBytes        int      `json:"max_payload_bytes"`
-	PendingTimeout         Duration `json:"pending_timeout"`
-	FailedTTL              Duration `json:"failed_ttl"`
+	// beside the status and the body (Content-Encoding always is).
+	ReplayHeaders   []string `json:"replay_headers"`
+	MaxPayloadBytes int      `json:"max_payload_bytes"`
+	// PendingTimeout is how long a retry waits for the key's first
+	// request before it is answered 409.
+	PendingTimeout Duration `json:"pending_timeout"`
+	FailedTTL      Duration `json:"failed_ttl"`
+	// RetryAfter is the Retry-After of a 409 or 503.
 	RetryAfter             Duration `json:"retry_after"`
 	ClientMaxRetryInterval Duration `json:"client_max_retry_interval"`
 }

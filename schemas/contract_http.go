@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"text/template"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -16,6 +17,8 @@ import (
 
 type contractRoute struct {
 	Route
+	Required      bool
+	RetryAfterS   int
 	KeyFormat     string
 	SemanticsName string
 	SameBody      string
@@ -47,7 +50,8 @@ var routeSemanticsText = map[string][3]string{
 }
 
 func describeRoute(cfg *Config, r Route) (contractRoute, error) {
-	cr := contractRoute{Route: r}
+	cr := contractRoute{Route: r, Required: r.KeyRequired == nil || *r.KeyRequired}
+	cr.RetryAfterS = int((r.RetryAfter.D() + time.Second - 1) / time.Second)
 	cr.KeyFormat = keyFormatText(r.Key.Format) + fmt.Sprintf(", at most %d bytes, sent bare or as an RFC 8941 string (`\"…\"`)", r.Key.MaxLength)
 	t := routeSemanticsText[r.Semantics]
 	cr.SemanticsName, cr.SameBody, cr.OtherBody = t[0], t[1], t[2]
@@ -57,7 +61,7 @@ func describeRoute(cfg *Config, r Route) (contractRoute, error) {
 		hold = max(hold, cfg.HTTP.UpstreamTimeout.D())
 	}
 	cr.Pending = fmt.Sprintf("A retry that arrives while the first request is still being handled waits for it up to %s and then gets its answer, or 409 `IDEMPOTENCY_PENDING` with `Retry-After: %d`; retry with the same key and body.",
-		r.PendingTimeout, int(r.RetryAfter.D().Seconds()+0.5))
+		r.PendingTimeout, cr.RetryAfterS)
 	cr.Stored = fmt.Sprintf("answers of class %s are kept and replayed", strings.Join(r.StoreResponses, ", "))
 	cr.Failed = fmt.Sprintf("Any other answer (and 502 `UPSTREAM_UNREACHABLE` when the service could not be reached) fails the key for %s: ", r.FailedTTL)
 	if r.Semantics == string(dedupe.Strict) {
@@ -66,8 +70,8 @@ func describeRoute(cfg *Config, r Route) (contractRoute, error) {
 		cr.Failed += "the same key is handled again, whatever the body."
 	}
 	cr.Unknown = fmt.Sprintf("The service is never called twice for one key. When the outcome of the first request is unknown (no answer within %s, or the proxy stopped while the service handled it; the key is then held for %s), every request with the key gets 504 or 502 `IDEMPOTENCY_OUTCOME_UNKNOWN` for the rest of the window: check the effect, then send a new key.",
-		cfg.HTTP.UpstreamTimeout, 2*hold)
-	canon, err := dedupe.NewCanonicalizer(CanonicalRulesOf(r))
+		cfg.HTTP.UpstreamTimeout, formatDuration(2*hold))
+	canon, err := dedupe.NewCanonicalizer(routeRules(r))
 	if err != nil {
 		return cr, err
 	}
@@ -75,18 +79,18 @@ func describeRoute(cfg *Config, r Route) (contractRoute, error) {
 	return cr, nil
 }
 
-// CanonicalRulesOf is the canonical form of a route's bodies.
-func CanonicalRulesOf(r Route) dedupe.CanonicalRules {
+// routeRules is the canonical form of a route's bodies.
+func routeRules(r Route) dedupe.CanonicalRules {
 	return dedupe.CanonicalRules{Payload: dedupe.PayloadJSON, Volatile: r.Volatile, Unordered: r.Unordered}
 }
 
 var routeMarkdownTmpl = template.Must(template.New("routes").Funcs(contractFuncs).Parse(`{{range .}}
 ## {{.Name}}: ` + "`{{.Method}} {{.Path}}`" + `
 
-1. **Key**: header ` + "`{{.Key.Name}}`" + `; {{.KeyFormat}}. {{if .KeyRequired}}Without it the request is refused, 400 ` + "`IDEMPOTENCY_KEY_MISSING`" + `{{else}}Without it the request is passed on unguarded{{end}}; a malformed key is 400 ` + "`IDEMPOTENCY_KEY_INVALID`" + `. A key is scoped by the method{{if .ClientHeader}}, the request's path and the client (header ` + "`{{.ClientHeader}}`" + `){{else}} and the request's path{{end}}. Use a new key for every new request.
+1. **Key**: header ` + "`{{.Key.Name}}`" + `; {{.KeyFormat}}. {{if .Required}}Without it the request is refused, 400 ` + "`IDEMPOTENCY_KEY_MISSING`" + `{{else}}Without it the request is passed on unguarded{{end}}; a malformed key is 400 ` + "`IDEMPOTENCY_KEY_INVALID`" + `. A key is scoped by the method{{if .ClientHeader}}, the request's path and the client (header ` + "`{{.ClientHeader}}`" + `){{else}} and the request's path{{end}}. Use a new key for every new request.
 2. **Semantics**: {{.SemanticsName}}. Same key, same body: {{.SameBody}}. Same key, another body: {{.OtherBody}}.
 3. **Window**: {{.Window}}. {{.AfterWindow}}
-4. **Volatile fields** (ignored when comparing bodies, safe to change on retry): {{code .Volatile}}; headers {{code .VolatileHeaders}} are never compared. Arrays compared as unordered sets: {{code .Unordered}}. Bodies are compared in RFC 8785 canonical form.
+4. **Volatile fields** (ignored when comparing bodies, safe to change on retry): {{code .Volatile}}; headers such as {{code .VolatileHeaders}} may change too: no header is ever compared. Arrays compared as unordered sets: {{code .Unordered}}. Bodies are compared in RFC 8785 canonical form.
 5. **While pending**: {{.Pending}}
 
 Answers: {{.Stored}}, with the headers {{code .ReplayHeaders}}. {{.Failed}} {{.Unknown}}
@@ -94,13 +98,15 @@ Answers: {{.Stored}}, with the headers {{code .ReplayHeaders}}. {{.Failed}} {{.U
 | answer | when |
 |---|---|
 | the first answer, ` + "`Idempotent-Replayed: true`" + ` | a retry of a kept answer |
-| 400 ` + "`IDEMPOTENCY_KEY_MISSING`, `IDEMPOTENCY_KEY_INVALID`, `REQUEST_BODY_INVALID`" + ` | no key, a malformed key, a body that is not JSON |
+| 400 ` + "`IDEMPOTENCY_KEY_MISSING`, `IDEMPOTENCY_KEY_INVALID`, `REQUEST_BODY_INVALID`, `REQUEST_BODY_UNREADABLE`" + ` | no key, a malformed key, a body that is not JSON or could not be read |
 | 409 ` + "`IDEMPOTENCY_PENDING`" + ` + ` + "`Retry-After`" + ` | the first request still in progress |
 | 413 ` + "`PAYLOAD_TOO_LARGE`" + ` | a body over {{.MaxPayloadBytes}} bytes |
 | 422 ` + "`IDEMPOTENCY_KEY_CONFLICT`" + ` | the key with another body |
 | 503 ` + "`IDEMPOTENCY_STORE_UNAVAILABLE`" + ` + ` + "`Retry-After`" + ` | the idempotency store did not answer; nothing was passed on |
-| 502/504 ` + "`IDEMPOTENCY_OUTCOME_UNKNOWN`" + ` | the first request's outcome is unknown (above) |
-| rules digest | ` + "`{{.RulesDigest}}`" + ` |
+| 502 ` + "`UPSTREAM_UNREACHABLE`" + ` | the service could not be reached; the key is failed (above) |
+| 502/504 ` + "`IDEMPOTENCY_OUTCOME_UNKNOWN`" + `, 502 ` + "`ANSWER_TOO_LARGE`" + ` | the first request's outcome is unknown, or its answer too large to keep (above) |
+
+Rules digest: ` + "`{{.RulesDigest}}`" + `.
 {{end}}`))
 
 func describeRoutes(cfg *Config) ([]contractRoute, error) {
@@ -156,15 +162,25 @@ func ContractOpenAPI(cfg *Config) ([]byte, error) {
 		if r.Key.Format == "uuid" {
 			key["format"] = "uuid"
 		}
+		params := []m{{"name": r.Key.Name, "in": "header", "required": r.Required, "schema": key,
+			"description": "Idempotency key (IETF draft \"The Idempotency-Key HTTP Header Field\"): " + r.KeyFormat}}
+		for _, seg := range strings.Split(r.Path, "/") {
+			if strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") {
+				name := strings.TrimSuffix(strings.TrimSuffix(seg[1:len(seg)-1], "..."), "$")
+				if name != "" {
+					params = append(params, m{"name": name, "in": "path", "required": true, "schema": m{"type": "string"}})
+				}
+			}
+		}
 		op := m{
 			"operationId": r.Name,
-			"parameters": []m{{"name": r.Key.Name, "in": "header", "required": *r.KeyRequired, "schema": key,
-				"description": "Idempotency key (IETF draft \"The Idempotency-Key HTTP Header Field\"): " + r.KeyFormat}},
+			"parameters":  params,
 			"responses": m{
 				"400": problem("no key, a malformed key, or a body that is not JSON", false),
 				"409": problem("a request with this key is still in progress", true),
 				"413": problem(fmt.Sprintf("a body over %d bytes", r.MaxPayloadBytes), false),
 				"422": problem("the key was first sent with another body: conflict_paths names where", false),
+				"502": problem("the service could not be reached (UPSTREAM_UNREACHABLE), its answer was too large to keep (ANSWER_TOO_LARGE), or the first request was interrupted (IDEMPOTENCY_OUTCOME_UNKNOWN)", false),
 				"503": problem("the idempotency store did not answer; the request was not passed on", true),
 				"504": problem("the first request's outcome is unknown (IDEMPOTENCY_OUTCOME_UNKNOWN)", false),
 			},
@@ -192,7 +208,7 @@ func ContractOpenAPI(cfg *Config) ([]byte, error) {
 			"properties": m{
 				"type": m{"type": "string", "format": "uri"}, "title": m{"type": "string"}, "status": m{"type": "integer"},
 				"detail": m{"type": "string"},
-				"code": m{"enum": []string{"IDEMPOTENCY_KEY_MISSING", "IDEMPOTENCY_KEY_INVALID", "REQUEST_BODY_INVALID", "PAYLOAD_TOO_LARGE",
+				"code": m{"enum": []string{"IDEMPOTENCY_KEY_MISSING", "IDEMPOTENCY_KEY_INVALID", "REQUEST_BODY_INVALID", "REQUEST_BODY_UNREADABLE", "PAYLOAD_TOO_LARGE",
 					"IDEMPOTENCY_PENDING", "IDEMPOTENCY_KEY_CONFLICT", "IDEMPOTENCY_STORE_UNAVAILABLE", "UPSTREAM_UNREACHABLE",
 					"IDEMPOTENCY_OUTCOME_UNKNOWN", "ANSWER_TOO_LARGE"}},
 				"conflict_paths": m{"type": "array", "items": m{"type": "string"}, "description": "JSON Pointers where the body differs from the first request's"},

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -156,7 +157,7 @@ func (root *schemaNode) typeOf(n *schemaNode) string {
 	case r.Type == "array" && r.Items != nil:
 		return "list of " + root.typeOf(r.Items)
 	case r.Type == "integer" && r.Minimum != nil && r.Maximum != nil:
-		return fmt.Sprintf("integer %g–%g", *r.Minimum, *r.Maximum)
+		return fmt.Sprintf("integer %s–%s", strconv.FormatFloat(*r.Minimum, 'f', -1, 64), strconv.FormatFloat(*r.Maximum, 'f', -1, 64))
 	}
 	return r.Type
 }

@@ -311,13 +311,11 @@ func (c *Config) validateHTTP() error {
 			return fieldErr(at("window"), "%s is shorter than twice the lease (2 × max(pending_timeout, http.upstream_timeout) = %s): a key taken over after a crash would leave its window at once",
 				r.Window, formatDuration(lease))
 		}
-		if _, err := dedupe.NewCanonicalizer(CanonicalRulesOf(r)); err != nil {
+		if _, err := dedupe.NewCanonicalizer(routeRules(r)); err != nil {
 			return fieldErr(at(pointerField(err)), "%v", err)
 		}
-		for _, hd := range append(slices.Clone(r.VolatileHeaders), r.Key.Name) {
-			if slices.ContainsFunc(r.ReplayHeaders, func(x string) bool { return strings.EqualFold(x, hd) }) {
-				return fieldErr(at("replay_headers"), "%s is a request header the route reads (key or volatile): it is not an answer header to replay", hd)
-			}
+		if slices.ContainsFunc(r.ReplayHeaders, func(x string) bool { return strings.EqualFold(x, r.Key.Name) }) {
+			return fieldErr(at("replay_headers"), "%s is the route's key header, a request header: it is not an answer header to replay", r.Key.Name)
 		}
 	}
 	return nil
@@ -363,7 +361,7 @@ func (c *Config) RoutePolicy(r Route) (dedupe.Policy, error) {
 		Semantics:       dedupe.Semantics(r.Semantics),
 		Window:          r.Window.D(),
 		Clock:           dedupe.ClockStore,
-		Rules:           CanonicalRulesOf(r),
+		Rules:           routeRules(r),
 		MaxPayloadBytes: r.MaxPayloadBytes,
 		// The lease is twice this: the key is held while the upstream
 		// answers, and a waiter gives up after the route's own

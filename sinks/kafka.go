@@ -38,6 +38,7 @@ type Kafka struct {
 
 	mu         sync.Mutex
 	partitions map[string]partitionCount
+	dialer     *kafka.Dialer // set by Connect
 }
 
 type partitionCount struct {
@@ -551,8 +552,13 @@ func release(key, value kafka.Bytes) {
 	}
 }
 
-// Close closes the idle connections of the client's transport; the Kafka
-// may still be used, and opens new ones.
+// Dialer is the dialer of a consumer group on the same cluster with the
+// same TLS and SASL (nil for a Kafka not made by Connect).
+func (k *Kafka) Dialer() *kafka.Dialer { return k.dialer }
+
+// Close closes the connections of a kafka.Transport that are idle (a
+// request in flight keeps its own); the Kafka may still be used, and opens
+// new ones.
 func (k *Kafka) Close() error {
 	if t, ok := k.client.Transport.(*kafka.Transport); ok {
 		t.CloseIdleConnections()

@@ -14,10 +14,10 @@ import (
 	"github.com/idemstream/idemstream/schemas"
 )
 
-// Security builds the TLS and SASL settings of cfg.Kafka, for a consumer
+// security builds the TLS and SASL settings of cfg.Kafka, for a consumer
 // group's dialer and a client's transport alike; getenv reads the
 // password that kafka.sasl.password_env names. Errors name the field.
-func Security(cfg *schemas.Config, getenv func(string) string) (*kafka.Dialer, *kafka.Transport, error) {
+func security(cfg *schemas.Config, getenv func(string) string) (*kafka.Dialer, *kafka.Transport, error) {
 	dialer := &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, ClientID: cfg.Kafka.ClientID}
 	transport := &kafka.Transport{ClientID: cfg.Kafka.ClientID, DialTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second}
 	if t := cfg.Kafka.TLS; t != nil && (t.Enabled || t.CAFile != "" || t.CertFile != "") {
@@ -69,14 +69,15 @@ func Security(cfg *schemas.Config, getenv func(string) string) (*kafka.Dialer, *
 
 // Connect is the reader and writer of the Kafka cluster cfg.Kafka names:
 // its brokers, TLS, SASL and compression, so that a tool reads and writes
-// exactly as `idemstream run` does. Errors name the field. Close it to
-// release its connections.
+// exactly as `idemstream run` does; Dialer gives a consumer group the same
+// TLS and SASL. Errors name the field. Close it when done.
 func Connect(cfg *schemas.Config, getenv func(string) string) (*Kafka, error) {
-	_, transport, err := Security(cfg, getenv)
+	dialer, transport, err := security(cfg, getenv)
 	if err != nil {
 		return nil, err
 	}
 	k := NewKafka(&kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Timeout: 10 * time.Second, Transport: transport})
+	k.dialer = dialer
 	if k.Compression, err = ParseCompression(cfg.Kafka.Compression); err != nil {
 		return nil, &schemas.FieldError{Field: "kafka.compression", Msg: err.Error()}
 	}

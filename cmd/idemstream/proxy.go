@@ -66,7 +66,8 @@ func cmdProxy(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	proxy, err := frontdoor.NewProxy(cfg, store, frontdoor.Options{Metrics: metrics, Logger: log})
+	var checked checkState
+	proxy, err := frontdoor.NewProxy(cfg, store, frontdoor.Options{Metrics: metrics, Logger: log, Ready: checked.get})
 	if err != nil {
 		return err
 	}
@@ -79,7 +80,6 @@ func cmdProxy(ctx context.Context, e *env, args []string) (err error) {
 		_ = metricsLn.Close()
 		return &schemas.FieldError{Field: "http.listen", Msg: err.Error()}
 	}
-	var checked checkState
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -96,7 +96,7 @@ func cmdProxy(ctx context.Context, e *env, args []string) (err error) {
 		fmt.Fprintln(w, "ready")
 	})
 	metricsSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	front := &http.Server{Handler: checked.gate(proxy), ReadHeaderTimeout: 10 * time.Second}
+	front := &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("starting proxy", "version", buildVersion(), "listen", ln.Addr().String(), "upstream", cfg.HTTP.Upstream,
 		"metrics", metricsLn.Addr().String(), "routes", len(cfg.HTTP.Routes))
 	served := make(chan error, 2)
@@ -112,22 +112,45 @@ func cmdProxy(ctx context.Context, e *env, args []string) (err error) {
 			served <- nil
 		}()
 	}
+	checkCtx, stopCheck := context.WithCancel(ctx)
 	checkErr := make(chan error, 1)
-	go func() { checkErr <- checkStore(ctx, cfg, raw, &checked, log.Warn) }()
+	go func() { checkErr <- checkStore(checkCtx, cfg, raw, &checked, log.Warn) }()
+	checkDone := false
 	select {
 	case <-ctx.Done():
 	case err = <-checkErr:
+		checkDone = true
 	case err = <-served:
 	}
-	shutdown, cancel := context.WithTimeout(context.Background(), cfg.HTTP.UpstreamTimeout.D()+httpShutdownTimeout)
+	stopCheck()
+	if !checkDone {
+		<-checkErr // stopped by stopCheck: it runs no longer
+	}
+	// Not ready from now on; the requests in hand finish: the longest is
+	// a wait for a key held elsewhere, then the upstream call, then
+	// keeping its answer. The store closes after them (deferred).
+	checked.set(errors.New("stopping"), true)
+	shutdown, cancel := context.WithTimeout(context.Background(), proxyShutdownTimeout(cfg))
 	defer cancel()
 	err = errors.Join(err, front.Shutdown(shutdown), metricsSrv.Shutdown(shutdown))
 	log.Info("stopped")
 	return err
 }
 
+// proxyShutdownTimeout bounds a stop: the longest request in hand (the
+// longest pending_timeout, the upstream call, the store calls around it)
+// and the metrics server's shutdown.
+func proxyShutdownTimeout(cfg *schemas.Config) time.Duration {
+	var wait time.Duration
+	for _, r := range cfg.HTTP.Routes {
+		wait = max(wait, r.PendingTimeout.D())
+	}
+	return wait + cfg.HTTP.UpstreamTimeout.D() + 20*time.Second + httpShutdownTimeout
+}
+
 // checkState is the verdict of the store's settings check: until it
-// passes, guarded requests are refused 503 and /readyz says why.
+// passes (and once the proxy stops), guarded requests are refused 503 and
+// /readyz says why; other paths pass.
 type checkState struct {
 	mu      sync.Mutex
 	problem error
@@ -147,17 +170,6 @@ func (c *checkState) set(problem error, done bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.problem, c.done = problem, done
-}
-
-func (c *checkState) gate(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := c.get(); err != nil {
-			w.Header().Set("Retry-After", "2")
-			http.Error(w, "idempotency store not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 // checkStore runs the Redis settings check (store.redis.check_server)

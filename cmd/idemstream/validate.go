@@ -36,6 +36,13 @@ func cmdValidate(ctx context.Context, e *env, args []string) (err error) {
 		names[i] = p.Name
 	}
 	fmt.Fprintf(e.stdout, "configuration: valid, %d pipeline(s): %s\n", len(cfg.Pipelines), strings.Join(names, ", "))
+	if cfg.HTTP != nil {
+		routes := make([]string, len(cfg.HTTP.Routes))
+		for i, r := range cfg.HTTP.Routes {
+			routes[i] = r.Name + " (" + r.Method + " " + r.Path + ")"
+		}
+		fmt.Fprintf(e.stdout, "http: %d route(s): %s\n", len(routes), strings.Join(routes, ", "))
+	}
 	if !*checkServers {
 		return nil
 	}
