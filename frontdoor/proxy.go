@@ -83,13 +83,19 @@ func neverSent(err error) bool {
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.mux.ServeHTTP(w, r) }
 
-// Ready reports whether the store answers: while it does not, every
-// guarded request is refused 503 and nothing reaches the upstream.
+// Ready reports whether the store answers and can keep answers: while it
+// cannot, every guarded request is refused 503 and nothing reaches the
+// upstream.
 func (p *Proxy) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, _, err := p.store.Lookup(ctx, "idemstream-readyz", "probe"); err != nil {
 		return fmt.Errorf("store: %w", err)
+	}
+	// A store that decides but cannot keep answers (a Redis before 7.0
+	// refuses SET NX GET) would refuse every guarded request.
+	if _, err := p.store.KeepFirst(ctx, "idemstream-readyz", "probe", []byte("1"), time.Minute); err != nil {
+		return fmt.Errorf("store cannot keep answers (the front door needs Redis 7.0 or later): %w", err)
 	}
 	return nil
 }

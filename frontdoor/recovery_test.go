@@ -572,3 +572,28 @@ func TestNotReadyRefusesBeforeDeciding(t *testing.T) {
 		t.Fatalf("ready: %d, calls %d", r.status, up.calls.Load())
 	}
 }
+
+// cannotKeep is a store that decides but refuses to keep values, as a
+// Redis before 7.0 refuses SET NX GET.
+type cannotKeep struct{ *memstore.Store }
+
+func (cannotKeep) KeepFirst(context.Context, string, string, []byte, time.Duration) ([]byte, error) {
+	return nil, errors.New("keep: redis refused: ERR syntax error")
+}
+
+// The proxy is not ready on a store that cannot keep answers.
+func TestProxyIsNotReadyOnAStoreThatCannotKeep(t *testing.T) {
+	cfg := config(t, "")
+	for _, c := range []struct {
+		store frontdoor.Store
+		ready bool
+	}{{memstore.New(), true}, {cannotKeep{memstore.New()}, false}} {
+		p, err := frontdoor.NewProxy(cfg, c.store, frontdoor.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Ready(context.Background()); (err == nil) != c.ready {
+			t.Fatalf("%T: Ready = %v, want ready %v", c.store, err, c.ready)
+		}
+	}
+}
