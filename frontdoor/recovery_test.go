@@ -471,12 +471,7 @@ func TestABrokenConnectionIsNotResent(t *testing.T) {
 		_, _ = w.Write([]byte(`{"ok":true}`))
 	}))
 	defer up.Close()
-	cfg := config(t, "")
-	cfg.HTTP.Upstream = up.URL
-	p, err := frontdoor.NewProxy(cfg, memstore.New(), frontdoor.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := proxyTo(t, up.URL, memstore.New())
 	// The first key opens the kept-alive connection the second reuses.
 	if r := post(t, p, "/api/coupon/claim", key1, `{"a":1}`); r.status != http.StatusOK {
 		t.Fatalf("first key: %d %s", r.status, r.body)
@@ -505,12 +500,7 @@ func TestAnswersAreKeptDecoded(t *testing.T) {
 		_, _ = w.Write([]byte(`{"ok":true}`))
 	}))
 	defer up.Close()
-	cfg := config(t, "")
-	cfg.HTTP.Upstream = up.URL
-	p, err := frontdoor.NewProxy(cfg, memstore.New(), frontdoor.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := proxyTo(t, up.URL, memstore.New())
 	first := post(t, p, "/api/coupon/claim", key1, `{"a":1}`, "Accept-Encoding", "gzip", "X-Test-Raw", "1")
 	retry := post(t, p, "/api/coupon/claim", key1, `{"a":1}`)
 	for _, r := range []reply{first, retry} {
@@ -596,4 +586,16 @@ func TestProxyIsNotReadyOnAStoreThatCannotKeep(t *testing.T) {
 			t.Fatalf("%T: Ready = %v, want ready %v", c.store, err, c.ready)
 		}
 	}
+}
+
+// proxyTo is a proxy of the test route in front of upstream.
+func proxyTo(t *testing.T, upstream string, store frontdoor.Store) *frontdoor.Proxy {
+	t.Helper()
+	cfg := config(t, "")
+	cfg.HTTP.Upstream = upstream
+	p, err := frontdoor.NewProxy(cfg, store, frontdoor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
