@@ -17,11 +17,11 @@ func RequestsCounter(m *Metrics, route, outcome string) prometheus.Collector {
 // ClaimName and AnswerName are the names a guard keeps an execution's
 // claim and answer under, for tests that play a holder that stopped.
 func ClaimName(scopedKey string, e *dedupe.Entry) string {
-	return (&Guard{}).claimName(&request{key: scopedKey}, e)
+	return claimName(scopedKey, e)
 }
 
 func AnswerName(scopedKey string, e *dedupe.Entry) string {
-	return (&Guard{}).answerName(&request{key: scopedKey}, e)
+	return answerName(scopedKey, e)
 }
 
 // ShortenStoreTimeout sets the store budget of a request's phases for one

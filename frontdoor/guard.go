@@ -391,15 +391,15 @@ func (q *request) intent(*dedupe.Record, string) dedupe.Intent {
 // and its attempt. Every holder of that execution (the one that started
 // it, one that took it over) keeps and finds its answer there; a FAILED
 // key's rerun is another execution with a name of its own.
-func (g *Guard) answerName(q *request, e *dedupe.Entry) string {
-	return q.key + "\x00" + e.DecisionID() + "\x00" + strconv.FormatInt(e.Intent.Floor, 10)
+func answerName(key string, e *dedupe.Entry) string {
+	return key + "\x00" + e.DecisionID() + "\x00" + strconv.FormatInt(e.Intent.Floor, 10)
 }
 
 // claimName names the claim of an execution's one upstream call.
-func (g *Guard) claimName(q *request, e *dedupe.Entry) string { return g.answerName(q, e) + "\x00call" }
+func claimName(key string, e *dedupe.Entry) string { return answerName(key, e) + "\x00call" }
 
 func (g *Guard) kept(q *request, e *dedupe.Entry) (answer, bool, error) {
-	b, found, err := g.store.Kept(q.store, g.policy.Pipeline, g.answerName(q, e))
+	b, found, err := g.store.Kept(q.store, g.policy.Pipeline, answerName(q.key, e))
 	if err != nil || !found {
 		return answer{}, false, err
 	}
@@ -419,7 +419,7 @@ type claim struct {
 }
 
 func (g *Guard) claimOf(q *request, e *dedupe.Entry) (claim, bool, error) {
-	b, found, err := g.store.Kept(q.store, g.policy.Pipeline, g.claimName(q, e))
+	b, found, err := g.store.Kept(q.store, g.policy.Pipeline, claimName(q.key, e))
 	if err != nil || !found {
 		return claim{}, false, err
 	}
@@ -465,11 +465,11 @@ func (g *Guard) call(w http.ResponseWriter, q *request, o *dedupe.Outcome, next 
 	if err != nil {
 		panic(err)
 	}
-	won, err := g.store.KeepFirst(q.store, g.policy.Pipeline, g.claimName(q, &o.Decision.Entry), mine, g.keptTTL())
+	won, err := g.store.KeepFirst(q.store, g.policy.Pipeline, claimName(q.key, &o.Decision.Entry), mine, g.keptTTL())
 	if err != nil {
 		// The claim is unique to this request: asking again tells whether
 		// the first write landed.
-		won, err = g.store.KeepFirst(q.store, g.policy.Pipeline, g.claimName(q, &o.Decision.Entry), mine, g.keptTTL())
+		won, err = g.store.KeepFirst(q.store, g.policy.Pipeline, claimName(q.key, &o.Decision.Entry), mine, g.keptTTL())
 	}
 	if err != nil {
 		g.release(q, o)
@@ -642,7 +642,7 @@ func interrupted(request []byte) answer {
 // everybody's), completes the key SUCCESS or FAILED, and answers.
 func (g *Guard) finish(w http.ResponseWriter, q *request, o *dedupe.Outcome, a answer, replayed bool) {
 	mine := a.encode()
-	keptBytes, err := g.store.KeepFirst(q.store, g.policy.Pipeline, g.answerName(q, &o.Decision.Entry), mine, g.keptTTL())
+	keptBytes, err := g.store.KeepFirst(q.store, g.policy.Pipeline, answerName(q.key, &o.Decision.Entry), mine, g.keptTTL())
 	if err != nil {
 		// The key stays PENDING with its call claimed: a retry after the
 		// lease is answered outcome unknown; never a second call.
@@ -664,9 +664,6 @@ func (g *Guard) finish(w http.ResponseWriter, q *request, o *dedupe.Outcome, a a
 	errs, err := g.store.Complete(q.store, []dedupe.Completion{{
 		Namespace: g.policy.Pipeline, Key: o.Key, Owner: o.Decision.Entry.Owner, State: state,
 		Result: dedupe.ResultRef{Partition: 0, Offset: 0}, FailedTTL: g.policy.FailedTTL,
-		// Completed after its window (a takeover, a slow upstream), the
-		// key is still remembered a window: its retries get this answer.
-		KeepAtLeast: g.policy.Window,
 	}})
 	if err == nil && len(errs) == 1 {
 		err = errs[0]
@@ -710,7 +707,7 @@ func (g *Guard) replayed(w http.ResponseWriter, q *request, o *dedupe.Outcome) {
 		}
 		g.log.Warn("a completed key's answer is gone: answered outcome unknown", "route", g.route.Name)
 		lost := interrupted(nil)
-		kept, err := g.store.KeepFirst(q.store, g.policy.Pipeline, g.answerName(q, e), lost.encode(), g.keptTTL())
+		kept, err := g.store.KeepFirst(q.store, g.policy.Pipeline, answerName(q.key, e), lost.encode(), g.keptTTL())
 		if err != nil {
 			g.unavailable(w, err)
 			return

@@ -56,10 +56,6 @@ func describeRoute(cfg *Config, r Route) (contractRoute, error) {
 	t := routeSemanticsText[r.Semantics]
 	cr.SemanticsName, cr.SameBody, cr.OtherBody = t[0], t[1], t[2]
 	cr.AfterWindow = fmt.Sprintf("After %s from the first request the key is forgotten: the next request with it is a new request.", r.Window)
-	hold := r.PendingTimeout.D()
-	if cfg.HTTP != nil {
-		hold = max(hold, cfg.HTTP.UpstreamTimeout.D())
-	}
 	cr.Pending = fmt.Sprintf("A retry that arrives while the first request is still being handled waits for it up to %s and then gets its answer, or 409 `IDEMPOTENCY_PENDING` with `Retry-After: %d`; retry with the same key and body.",
 		r.PendingTimeout, cr.RetryAfterS)
 	cr.Stored = fmt.Sprintf("answers of class %s are kept and replayed", strings.Join(r.StoreResponses, ", "))
@@ -70,7 +66,7 @@ func describeRoute(cfg *Config, r Route) (contractRoute, error) {
 		cr.Failed += "the same key is handled again, whatever the body."
 	}
 	cr.Unknown = fmt.Sprintf("The service is never called twice for one key. When the outcome of the first request is unknown (no answer within %s, or the proxy stopped while the service handled it; the key is then held for %s), every request with the key gets 504 or 502 `IDEMPOTENCY_OUTCOME_UNKNOWN` for the rest of the window: check the effect, then send a new key.",
-		cfg.HTTP.UpstreamTimeout, formatDuration(2*hold))
+		cfg.HTTP.UpstreamTimeout, formatDuration(2*cfg.routeHold(r)))
 	canon, err := dedupe.NewCanonicalizer(routeRules(r))
 	if err != nil {
 		return cr, err

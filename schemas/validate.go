@@ -307,7 +307,7 @@ func (c *Config) validateHTTP() error {
 		}
 		// A key whose holder stopped is taken over once its lease ends:
 		// that must leave the window room to answer its retries.
-		if lease := 2 * max(r.PendingTimeout.D(), h.UpstreamTimeout.D()); r.Window.D() < 2*lease {
+		if lease := 2 * c.routeHold(r); r.Window.D() < 2*lease {
 			return fieldErr(at("window"), "%s is shorter than twice the lease (2 × max(pending_timeout, http.upstream_timeout) = %s): a key taken over after a crash would leave its window at once",
 				r.Window, formatDuration(lease))
 		}
@@ -343,6 +343,17 @@ func checkPattern(pattern string) (err error) {
 	return nil
 }
 
+// routeHold is how long a route's key may be held by one request: a
+// waiter's pending_timeout or the upstream call, the longer. The lease is
+// twice it.
+func (c *Config) routeHold(r Route) time.Duration {
+	hold := r.PendingTimeout.D()
+	if c.HTTP != nil {
+		hold = max(hold, c.HTTP.UpstreamTimeout.D())
+	}
+	return hold
+}
+
 // RoutePolicy builds the decision policy of an HTTP route: its namespace
 // is http.<name>, its key the header (the front door scopes it by method,
 // path and client before deciding), its payload the JSON body.
@@ -351,10 +362,7 @@ func (c *Config) RoutePolicy(r Route) (dedupe.Policy, error) {
 	if err != nil {
 		return dedupe.Policy{}, err
 	}
-	hold := r.PendingTimeout.D()
-	if c.HTTP != nil {
-		hold = max(hold, c.HTTP.UpstreamTimeout.D())
-	}
+	hold := c.routeHold(r)
 	return dedupe.Policy{
 		Pipeline:        "http." + r.Name,
 		Key:             dedupe.KeySpec{From: dedupe.KeyFromHeader, Name: r.Key.Name, Format: format, MaxLength: r.Key.MaxLength},

@@ -9,10 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/idemstream/idemstream/consumer"
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/dedupe/redisstore"
@@ -60,8 +56,7 @@ func cmdProxy(ctx context.Context, e *env, args []string) (err error) {
 	if !ok {
 		return fmt.Errorf("store %s cannot keep answers", cfg.Store.Kind)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 	metrics, err := frontdoor.NewMetrics(reg)
 	if err != nil {
 		return err
@@ -80,22 +75,16 @@ func cmdProxy(ctx context.Context, e *env, args []string) (err error) {
 		_ = metricsLn.Close()
 		return &schemas.FieldError{Field: "http.listen", Msg: err.Error()}
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+	metricsSrv := metricsServer(reg, func(ctx context.Context) []string {
 		problem := checked.get()
 		if problem == nil {
-			problem = proxy.Ready(r.Context())
+			problem = proxy.Ready(ctx)
 		}
 		if problem != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, problem)
-			return
+			return []string{problem.Error()}
 		}
-		fmt.Fprintln(w, "ready")
+		return nil
 	})
-	metricsSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	front := &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("starting proxy", "version", buildVersion(), "listen", ln.Addr().String(), "upstream", cfg.HTTP.Upstream,
 		"metrics", metricsLn.Addr().String(), "routes", len(cfg.HTTP.Routes))

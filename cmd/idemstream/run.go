@@ -9,10 +9,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/idemstream/idemstream/consumer"
 	"github.com/idemstream/idemstream/schemas"
 	"github.com/idemstream/idemstream/sinks"
@@ -108,8 +104,7 @@ type runTimings struct {
 const maxBatchSize = 10000
 
 func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Logger, timings runTimings, lines *sinks.JSONLines) (*service, error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 	opts := consumer.ServiceOptions{Registerer: reg, Version: buildVersion(), Logger: log, Getenv: getenv,
 		SettleWait: timings.settle, DrainTimeout: timings.drain, BatchSize: timings.batch}
 	if lines != nil {
@@ -131,11 +126,7 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 		return nil, errors.Join(&schemas.FieldError{Field: "metrics.addr", Msg: err.Error()}, svc.Close())
 	}
 	s := &service{log: log, svc: svc, listener: ln}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", s.readyz)
-	s.server = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	s.server = metricsServer(reg, s.svc.Ready)
 	return s, nil
 }
 
@@ -163,17 +154,6 @@ func (s *service) run(ctx context.Context) error {
 }
 
 func (s *service) close() error { return s.svc.Close() }
-
-func (s *service) readyz(w http.ResponseWriter, r *http.Request) {
-	if problems := s.svc.Ready(r.Context()); len(problems) > 0 {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		for _, p := range problems {
-			fmt.Fprintln(w, p)
-		}
-		return
-	}
-	fmt.Fprintln(w, "ready")
-}
 
 // printingBroker reads the inputs from Kafka and prints everything it
 // would write: output topics need not exist, and recovery scans find

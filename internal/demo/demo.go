@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -110,19 +111,41 @@ type desk struct {
 }
 
 func (d *desk) Handle(_ context.Context, cmd consumer.Command) (consumer.Result, error) {
+	out, err := d.claim(cmd.Record.Value)
+	if err != nil {
+		return consumer.Result{}, consumer.Permanent(err)
+	}
+	return consumer.Result{Value: out}, nil
+}
+
+// errNotAClaim is the desk's refusal of a body that is no claim.
+var errNotAClaim = errors.New("not a claim")
+
+// wrongAmount is its refusal of a claim whose amount is not the coupon's.
+type wrongAmount struct{ amount int }
+
+func (e *wrongAmount) Error() string {
+	return fmt.Sprintf("amount %d does not match the coupon's %d", e.amount, CouponValue)
+}
+
+// claim honours one claim: a coupon from the stock, and its record.
+func (d *desk) claim(body []byte) ([]byte, error) {
 	var c claim
-	if err := json.Unmarshal(cmd.Record.Value, &c); err != nil {
-		return consumer.Result{}, consumer.Permanent(fmt.Errorf("not a claim: %w", err))
+	if err := json.Unmarshal(body, &c); err != nil {
+		return nil, fmt.Errorf("%w: %w", errNotAClaim, err)
+	}
+	if c.UserID == "" {
+		return nil, fmt.Errorf("%w: no user_id", errNotAClaim)
 	}
 	if c.Amount != CouponValue {
-		return consumer.Result{}, consumer.Permanent(fmt.Errorf("amount %d does not match the coupon's %d", c.Amount, CouponValue))
+		return nil, &wrongAmount{c.Amount}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.stock--
 	d.issued[c.UserID]++
 	out, _ := json.Marshal(map[string]any{"user_id": c.UserID, "coupon_id": c.CouponID, "coupon_no": d.issued[c.UserID]})
-	return consumer.Result{Value: out}, nil
+	return out, nil
 }
 
 func (d *desk) damage() (issued, extra int) {

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -90,20 +90,16 @@ func (d *httpDesk) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	d.mu.Unlock()
-	var c claim
-	if err := json.Unmarshal(body, &c); err != nil || c.UserID == "" {
+	out, err := d.claim(body)
+	var wrong *wrongAmount
+	switch {
+	case errors.As(err, &wrong):
+		http.Error(w, err.Error(), http.StatusUnprocessableEntity)
+		return
+	case err != nil:
 		http.Error(w, "not a claim", http.StatusBadRequest)
 		return
 	}
-	if c.Amount != CouponValue {
-		http.Error(w, fmt.Sprintf("amount %d does not match the coupon's %d", c.Amount, CouponValue), http.StatusUnprocessableEntity)
-		return
-	}
-	d.desk.mu.Lock()
-	d.stock--
-	d.issued[c.UserID]++
-	out, _ := json.Marshal(map[string]any{"user_id": c.UserID, "coupon_id": c.CouponID, "coupon_no": d.issued[c.UserID]})
-	d.desk.mu.Unlock()
 	if d.naive {
 		d.mu.Lock()
 		d.seen[id] = out

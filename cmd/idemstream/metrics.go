@@ -1,0 +1,39 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// newRegistry is a process's registry: the Go runtime's and the process's
+// collectors, and what the command registers on it.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// metricsServer serves /metrics from reg, /healthz, and /readyz: ready
+// when problems lists none, else 503 with one line per problem.
+func metricsServer(reg *prometheus.Registry, problems func(ctx context.Context) []string) *http.Server {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if ps := problems(r.Context()); len(ps) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			for _, p := range ps {
+				fmt.Fprintln(w, p)
+			}
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+}
