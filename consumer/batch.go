@@ -148,7 +148,7 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 				fc.failed(dedupe.ReasonHandlerFailed, herr)
 				continue
 			}
-			msg := envelope.Result(p.cfg.Output, int(fc.intent.Partition), rec, o, res.Value, res.Headers)
+			msg := envelope.Result(p.cfg.Output, int(fc.intent.Partition), rec, o, fc.owner.Source, fc.decision, res.Value, res.Headers)
 			if p.cfg.Identity != "" {
 				msg.Headers = append(msg.Headers, dedupe.Header{Key: sinks.HeaderPipeline, Value: p.identity})
 			}

@@ -273,7 +273,7 @@ func TestRecoveryScanStartsAtTheLogStartAndReadsOnce(t *testing.T) {
 			t.Fatalf("dead owner's decision: %+v %v", decs, err)
 		}
 		o := dedupe.Outcome{Key: fmt.Sprintf("k%d", i), Fingerprint: f, Decision: decs[0]}
-		results = append(results, envelope.Result("out", 0, &rec, &o, rec.Value, nil))
+		results = append(results, envelope.Result("out", 0, &rec, &o, rec.Source(), o.Decision.Entry.DecisionID(), rec.Value, nil))
 	}
 	if _, err := r.io.Write(context.Background(), results); err != nil {
 		t.Fatal(err)

@@ -35,7 +35,7 @@ func (r *rig) plantResult(pol dedupe.Policy, key string, source string, decision
 	rec := dedupe.Record{Topic: "x", Partition: 0, Offset: 0, Value: body,
 		Headers: []dedupe.Header{{Key: "Idempotency-Key", Value: []byte(key)}}}
 	o := dedupe.Outcome{Key: key, Fingerprint: fp, Decision: *decision}
-	res := envelope.Result("out", 0, &rec, &o, body, nil)
+	res := envelope.Result("out", 0, &rec, &o, rec.Source(), o.Decision.Entry.DecisionID(), body, nil)
 	hs := res.Headers[:0]
 	for _, h := range res.Headers {
 		switch {

@@ -125,6 +125,10 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	slow := make([]int, 0, 8)
 	seen := make(map[string]struct{}, len(reqs))
 	fast := make([]*redis.Cmd, len(reqs))
+	// The arguments of every SET NX in one backing array: a command's
+	// own argument slice would be an allocation per record.
+	const setArgs = 6
+	args := make([]any, setArgs*len(reqs))
 	var fastCmds []redis.Cmder
 	var fastKeys []string
 	// One pooled buffer for every value of the batch: building these is
@@ -146,7 +150,9 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		out[i].Entry = newEntry(r, now)
 		start := len(buf)
 		buf = appendEntry(buf, &out[i].Entry)
-		fast[i] = redis.NewCmd(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", out[i].Entry.RetainUntil().UnixMilli())
+		a := args[setArgs*i : setArgs*(i+1) : setArgs*(i+1)]
+		a[0], a[1], a[2], a[3], a[4], a[5] = "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", out[i].Entry.RetainUntil().UnixMilli()
+		fast[i] = redis.NewCmd(ctx, a...)
 		fastCmds, fastKeys = append(fastCmds, fast[i]), append(fastKeys, names[i])
 	}
 	execErr, ackErr := s.roundTrips(ctx, "decide", fastKeys, fastCmds)

@@ -27,14 +27,14 @@ func ResultKey(rec *dedupe.Record, idemKey string) []byte {
 }
 
 // Result builds the result record of a first copy: the handler's value,
-// the input headers, and the idemstream headers of docs/design.md.
-func Result(topic string, partition int, rec *dedupe.Record, o *dedupe.Outcome, value []byte, extra []dedupe.Header) sinks.Message {
+// the input headers, and the idemstream headers of docs/design.md. source
+// is rec.Source() and decision the entry's DecisionID, which the caller
+// has already made.
+func Result(topic string, partition int, rec *dedupe.Record, o *dedupe.Outcome, source, decision string, value []byte, extra []dedupe.Header) sinks.Message {
 	// One result per first copy: its headers and their values are
 	// allocated once each, not once per header.
 	hs := make([]dedupe.Header, 0, len(rec.Headers)+len(extra)+6) // room for idemstream-pipeline
 	hs = append(append(hs, rec.Headers...), extra...)
-	source := rec.Source()
-	decision := o.Decision.Entry.DecisionID()
 	vals := make([]byte, 0, len(o.Key)+len(o.Fingerprint)+len(source)+len(dedupe.OutcomeFirst)+len(decision))
 	for _, h := range [...]struct{ k, v string }{
 		{sinks.HeaderKey, o.Key},

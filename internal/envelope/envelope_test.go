@@ -87,7 +87,7 @@ func TestResultAndReplyHeaders(t *testing.T) {
 		Decision: dedupe.Decision{Entry: dedupe.Entry{FirstSource: "coupon.claim.commands/1/2", WindowStart: time.UnixMilli(1764650000123)}}}
 	noKey := input
 	noKey.Key = nil
-	r := envelope.Result("out", 4, &noKey, &o, []byte("done"), []dedupe.Header{{Key: "x-handler", Value: []byte("1")}})
+	r := envelope.Result("out", 4, &noKey, &o, noKey.Source(), o.Decision.Entry.DecisionID(), []byte("done"), []dedupe.Header{{Key: "x-handler", Value: []byte("1")}})
 	if string(r.Key) != "9f8a" || r.Partition != 4 || string(r.Value) != "done" {
 		t.Errorf("result: key %q partition %d value %q; an input without a key gets the idempotency key", r.Key, r.Partition, r.Value)
 	}
