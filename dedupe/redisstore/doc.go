@@ -53,9 +53,14 @@
 // connection) and about 3 µs more of the consumer's CPU per completion
 // (reading the entries back). Larger transactions cost more per key:
 // Redis checks each WATCHed key against every key the connection already
-// watches. On a cluster, with replica acknowledgement (see Replicas), and
-// for calls of fewer than 8 completions, Complete is one complete.lua call
-// per group.
+// watches. A server with a native compare-and-set (SET … IFEQ: Valkey
+// 8.1 and later, Redis 8.4 and later; asked once, never required) needs
+// no WATCH: one round trip reads TIME and the entries, and one writes each
+// changed entry with SET … IFEQ the value read, which the server compares
+// and writes atomically; an entry changed meanwhile is left to
+// complete.lua. On a cluster, with replica acknowledgement (see Replicas),
+// and for calls of fewer than 8 completions, Complete is one complete.lua
+// call per group.
 //
 // Scripts are re-loaded when a server answers NOSCRIPT (after a restart
 // or a failover).

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,6 +49,7 @@ type Store struct {
 	client redis.UniversalClient
 	prefix string
 	acks   replicaAcks
+	cas    atomic.Int32 // a casState
 }
 
 // New returns a Store that names its keys under prefix.
@@ -414,7 +416,8 @@ func (s *Store) decideScripted(ctx context.Context, reqs []dedupe.DecideRequest,
 
 // Complete implements dedupe.Store.
 //
-// On a single node (or a Sentinel master) a batch is finished with plain
+// On a single node (or a Sentinel master) a batch is finished with SET …
+// IFEQ where the server has it (completeCAS), otherwise with plain
 // commands under WATCH (completeWatched); on a cluster, for a small batch,
 // or when another client changed one of the entries meanwhile, by
 // complete.lua (completeScripted). Both apply decide.Complete's
@@ -431,6 +434,9 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 	// WAIT per node behind it, and a retry rewrites what it finds already
 	// done, so that its WAIT covers the write a failed attempt made.
 	if node, ok := s.client.(*redis.Client); ok && len(comps) >= fastPathMin && !s.waits("complete") {
+		if s.hasCAS(ctx, node) {
+			return s.completeCAS(ctx, node, comps, names)
+		}
 		return s.completeWatched(ctx, node, comps, names)
 	}
 	return s.completeScripted(ctx, comps, names)
@@ -630,42 +636,7 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 	if len(vals) != len(names) {
 		return fmt.Errorf("complete: %d entries read for %d completions", len(vals), len(names))
 	}
-	// latest is each entry as this batch leaves it, for a key
-	// completed twice in one call.
-	stored := make([]dedupe.Entry, len(comps))
-	latest := make(map[string]*dedupe.Entry, len(comps))
-	changed := make(map[string]bool, len(comps))
-	var order []int // the first completion of each name to write
-	for i, c := range comps {
-		cur, seen := latest[names[i]]
-		if !seen {
-			if raw, ok := vals[i].(string); ok {
-				if e, err := decodeEntry(now.UnixMilli(), raw); err == nil {
-					stored[i] = e
-					cur = &stored[i]
-				}
-			}
-			latest[names[i]] = cur
-		}
-		if cur != nil && cur.Key != c.Key {
-			// Another key under the same name (namespaces that contain
-			// ':'): fenced, as in complete.lua; the entry stays as it is.
-			_, errs[i] = decide.Complete(nil, c, now)
-			continue
-		}
-		next, err := decide.Complete(cur, c, now)
-		if err != nil {
-			errs[i] = err
-			continue
-		}
-		if *next != *cur {
-			if !changed[names[i]] {
-				order = append(order, i)
-			}
-			changed[names[i]] = true
-		}
-		latest[names[i]] = next
-	}
+	order, latest := planCompletions(comps, names, vals, now, errs)
 	if len(order) == 0 {
 		return nil
 	}
@@ -705,6 +676,51 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 		return classify("complete", err)
 	}
 	return nil
+}
+
+// planCompletions applies decide.Complete, on the store's clock now, to
+// comps against the entries read (vals, one per completion, as MGET
+// answers), filling errs. It returns the first completion of each name
+// whose entry changes, in order, and each name's entry as the call leaves
+// it.
+func planCompletions(comps []dedupe.Completion, names []string, vals []any, now time.Time, errs []error) ([]int, map[string]*dedupe.Entry) {
+	// latest is each entry as this batch leaves it, for a key
+	// completed twice in one call.
+	stored := make([]dedupe.Entry, len(comps))
+	latest := make(map[string]*dedupe.Entry, len(comps))
+	changed := make(map[string]bool, len(comps))
+	var order []int // the first completion of each name to write
+	for i, c := range comps {
+		cur, seen := latest[names[i]]
+		if !seen {
+			if raw, ok := vals[i].(string); ok {
+				if e, err := decodeEntry(now.UnixMilli(), raw); err == nil {
+					stored[i] = e
+					cur = &stored[i]
+				}
+			}
+			latest[names[i]] = cur
+		}
+		if cur != nil && cur.Key != c.Key {
+			// Another key under the same name (namespaces that contain
+			// ':'): fenced, as in complete.lua; the entry stays as it is.
+			_, errs[i] = decide.Complete(nil, c, now)
+			continue
+		}
+		next, err := decide.Complete(cur, c, now)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if *next != *cur {
+			if !changed[names[i]] {
+				order = append(order, i)
+			}
+			changed[names[i]] = true
+		}
+		latest[names[i]] = next
+	}
+	return order, latest
 }
 
 // Lookup implements dedupe.Store.

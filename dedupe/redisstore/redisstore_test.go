@@ -66,6 +66,15 @@ func TestConformanceRedisServer(t *testing.T) {
 	})
 }
 
+// Valkey 8.1 and later finish batches with SET … IFEQ instead of WATCH:
+// the same contract.
+func TestConformanceValkey(t *testing.T) {
+	c := client(t, testenv.ValkeyAddr(t))
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		return storetest.Harness{Store: redisstore.New(c, freshPrefix()), Advance: time.Sleep}
+	})
+}
+
 func decideReq(key, holder string) dedupe.DecideRequest {
 	return dedupe.DecideRequest{
 		Namespace: "p", Key: key, Fingerprint: "sha256:a", RulesDigest: "sha256:r",
@@ -552,14 +561,26 @@ func serverCPU(b *testing.B, c redis.UniversalClient) time.Duration {
 // decisions one server can make. The client's CPU per record is reported
 // too: where the consumer, the broker and Redis share cores, each µs of
 // either is a µs the others lack.
+//
+// Its cases are the servers: redis-server (completions under WATCH), and
+// Valkey 8.1 with SET … IFEQ and, for the comparison on the same server,
+// without it.
 func BenchmarkServerCPUPerRecord(b *testing.B) {
-	addr := testenv.RedisAddr(b)
+	b.Run("redis", func(b *testing.B) { benchServerCPU(b, testenv.RedisAddr(b), false) })
+	b.Run("valkey-set-ifeq", func(b *testing.B) { benchServerCPU(b, testenv.ValkeyAddr(b), false) })
+	b.Run("valkey-watch", func(b *testing.B) { benchServerCPU(b, testenv.ValkeyAddr(b), true) })
+}
+
+func benchServerCPU(b *testing.B, addr string, noSetIfEq bool) {
 	c, err := redisstore.NewClient(redisstore.Options{URL: "redis://" + addr + "/0", Timeout: 10 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer c.Close()
 	s := redisstore.New(c, freshPrefix())
+	if noSetIfEq {
+		redisstore.WithoutSetIfEq(s)
+	}
 	ctx := context.Background()
 	const batch, fresh = 500, 350
 	holder := "host-7f9c-4411-1a2b3c4d/g12/coupon.claim.commands/3"

@@ -153,7 +153,18 @@ func TestChaos(t *testing.T) {
 	cluster := testenv.StartKafkaCluster(t)
 	brokers := cluster.Brokers
 	t.Logf("three-node Kafka cluster %v up in %v (state in %s)", brokers, cluster.StartedIn.Round(100*time.Millisecond), cluster.Dir())
-	redisSrv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true})
+	// IDEMSTREAM_CHAOS_STORE=valkey runs the store on Valkey 8.1, whose
+	// completions are SET … IFEQ instead of a WATCHed transaction.
+	valkey := false
+	switch s := os.Getenv("IDEMSTREAM_CHAOS_STORE"); s {
+	case "", "redis":
+	case "valkey":
+		valkey = true
+	default:
+		t.Fatalf("IDEMSTREAM_CHAOS_STORE=%q: want redis or valkey", s)
+	}
+	redisSrv := testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true, Valkey: valkey})
+	t.Logf("store: %s", map[bool]string{false: "redis-server", true: "valkey-server"}[valkey])
 
 	buildStart := time.Now()
 	bin := buildBinary(t, root)

@@ -110,7 +110,9 @@
 // Other knobs: IDEMSTREAM_CHAOS_SEED=N replays a run's random choices (the
 // seed is logged; the fault timing still depends on the machine), and
 // IDEMSTREAM_CHAOS_LOGS=DIR keeps the instance logs, the config and a
-// verification report in DIR instead of a temporary directory. `go test
+// verification report in DIR instead of a temporary directory, and
+// IDEMSTREAM_CHAOS_STORE=valkey puts the store on Valkey 8.1 (completions
+// with SET … IFEQ; valkey-server on PATH, or the container path's image). `go test
 // -short` skips the test.
 //
 // The liveness bounds judge each continuous stall of a partition. Faults

@@ -26,16 +26,18 @@ import (
 // the official images are pulled when missing; where none is reachable,
 // scripts/images.sh builds local ones and names them in these variables.
 const (
-	RedisImageEnv = "IDEMSTREAM_REDIS_IMAGE"
-	KafkaImageEnv = "IDEMSTREAM_KAFKA_IMAGE"
+	RedisImageEnv  = "IDEMSTREAM_REDIS_IMAGE"
+	ValkeyImageEnv = "IDEMSTREAM_VALKEY_IMAGE"
+	KafkaImageEnv  = "IDEMSTREAM_KAFKA_IMAGE"
 	// NetworkEnv picks how containers are reached: "bridge" (the usual
 	// mapped ports, 127.0.0.1:P on the host to P in the container) or
 	// "host" (the host's network, servers listening on 127.0.0.1). By
 	// default: bridge when the daemon has a bridge network, else host.
 	NetworkEnv = "IDEMSTREAM_TEST_NETWORK"
 
-	defaultRedisImage = "redis:7"
-	defaultKafkaImage = "apache/kafka:4.4.0"
+	defaultRedisImage  = "redis:7"
+	defaultValkeyImage = "valkey/valkey:8.1"
+	defaultKafkaImage  = "apache/kafka:4.4.0"
 )
 
 // Labels on every container testenv starts: they let a later run (or
@@ -46,8 +48,9 @@ const (
 	labelHost  = "org.idemstream.testenv.host"
 )
 
-func redisImage() string { return envOr(RedisImageEnv, defaultRedisImage) }
-func kafkaImage() string { return envOr(KafkaImageEnv, defaultKafkaImage) }
+func redisImage() string  { return envOr(RedisImageEnv, defaultRedisImage) }
+func kafkaImage() string  { return envOr(KafkaImageEnv, defaultKafkaImage) }
+func valkeyImage() string { return envOr(ValkeyImageEnv, defaultValkeyImage) }
 
 func envOr(name, def string) string {
 	if v := strings.TrimSpace(os.Getenv(name)); v != "" {

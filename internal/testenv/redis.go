@@ -39,8 +39,21 @@ func RedisAddr(t testing.TB) string {
 	return StartRedis(t, RedisConfig{}).Addr
 }
 
-// RedisConfig selects the persistence of a private server.
+// ValkeyAddr returns the address of a Valkey 8.1 (or later) server, the
+// one with SET … IFEQ: IDEMSTREAM_TEST_VALKEY when set, else a private
+// server started for the test (valkey-server on PATH, or a container).
+func ValkeyAddr(t testing.TB) string {
+	t.Helper()
+	if addr := os.Getenv("IDEMSTREAM_TEST_VALKEY"); addr != "" {
+		return addr
+	}
+	return StartRedis(t, RedisConfig{Valkey: true}).Addr
+}
+
+// RedisConfig selects the server and the persistence of a private server.
 type RedisConfig struct {
+	// Valkey runs valkey-server instead of redis-server.
+	Valkey bool
 	// AppendOnly with appendfsync always: every acknowledged write survives
 	// a restart.
 	AppendOnly bool
@@ -76,8 +89,11 @@ func StartRedis(t testing.TB, cfg RedisConfig) *RedisServer {
 	if startIn(t) == Containers {
 		return startRedisContainer(t, cfg)
 	}
-	bin, err := exec.LookPath("redis-server")
+	bin, err := exec.LookPath(cfg.serverName())
 	if err != nil {
+		if cfg.Valkey {
+			unavailable(t, "valkey-server not found (internal/testenv/scripts/servers.sh starts one, or set IDEMSTREAM_TEST_VALKEY)")
+		}
 		unavailable(t, "redis-server not found (apt-get install redis-server, or set IDEMSTREAM_TEST_REDIS)")
 	}
 	s := &RedisServer{t: t, bin: bin, dir: t.TempDir(), port: freePort(t), cfg: cfg}
@@ -91,6 +107,13 @@ func StartRedis(t testing.TB, cfg RedisConfig) *RedisServer {
 	s.Start()
 	t.Cleanup(s.Stop)
 	return s
+}
+
+func (c RedisConfig) serverName() string {
+	if c.Valkey {
+		return "valkey-server"
+	}
+	return "redis-server"
 }
 
 // Start starts the server (again, after Stop, with the same files and port).

@@ -19,7 +19,7 @@ func startRedisContainer(t testing.TB, cfg RedisConfig) *RedisServer {
 	s := &RedisServer{t: t, dir: t.TempDir(), port: freePort(t), cfg: cfg}
 	s.Addr = "127.0.0.1:" + strconv.Itoa(s.port)
 	args := []string{
-		"redis-server", "--bind", listenAddr(), "--dir", "/data", "--save", "", "--daemonize", "no",
+		cfg.serverName(), "--bind", listenAddr(), "--dir", "/data", "--save", "", "--daemonize", "no",
 		"--loglevel", "warning", "--protected-mode", "no",
 	}
 	var files []testcontainers.ContainerFile
@@ -45,7 +45,11 @@ func startRedisContainer(t testing.TB, cfg RedisConfig) *RedisServer {
 	args = append(args, cfg.Args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	b, err := startBox(ctx, boxSpec{name: "redis", image: redisImage(), cmd: args, ports: []int{s.port}, files: files})
+	image := redisImage()
+	if cfg.Valkey {
+		image = valkeyImage()
+	}
+	b, err := startBox(ctx, boxSpec{name: "redis", image: image, cmd: args, ports: []int{s.port}, files: files})
 	if err != nil {
 		t.Fatalf("start redis: %v", err)
 	}

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Builds the two container images of the tests' container path locally,
+# Builds the three container images of the tests' container path locally,
 # for machines whose Docker daemon reaches no image registry: a Debian root
-# file system made by debootstrap from Debian's packages (redis-server; or a
-# headless JRE plus Kafka's jars, which Maven fetches from Maven Central
-# through kafka.sh), imported with `docker import` and tagged. An image that
-# exists already is reused.
+# file system made by debootstrap from Debian's packages (redis-server;
+# valkey-server, from trixie, the first Debian with Valkey 8.1 and its
+# SET … IFEQ; or a headless JRE plus Kafka's jars, which Maven fetches from
+# Maven Central through kafka.sh), imported with `docker import` and
+# tagged. An image that exists already is reused.
 #
-#   images.sh build   build what is missing; prints the two variables the
-#                     tests read, IDEMSTREAM_REDIS_IMAGE=... and
-#                     IDEMSTREAM_KAFKA_IMAGE=...
-#   images.sh names   print those two lines only
-#   images.sh rm      remove both images
+#   images.sh build   build what is missing; prints the three variables the
+#                     tests read, IDEMSTREAM_REDIS_IMAGE=...,
+#                     IDEMSTREAM_VALKEY_IMAGE=... and IDEMSTREAM_KAFKA_IMAGE=...
+#   images.sh names   print those three lines only
+#   images.sh rm      remove the three images
 #
 # The images are laid out like the official ones as far as the tests use
 # them: redis-server and redis-cli on PATH and /data; Kafka's jars in
@@ -29,6 +30,8 @@ suite=bookworm
 mirror="${IDEMSTREAM_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 kafka_version="${IDEMSTREAM_KAFKA_VERSION:-$(sed -n 's/^default_version=//p' "$scripts_dir/kafka.sh")}"
 redis_image="${IDEMSTREAM_REDIS_IMAGE:-idemstream-testenv/redis:$suite}"
+valkey_suite=trixie
+valkey_image="${IDEMSTREAM_VALKEY_IMAGE:-idemstream-testenv/valkey:$valkey_suite}"
 kafka_image="${IDEMSTREAM_KAFKA_IMAGE:-idemstream-testenv/kafka:$kafka_version}"
 
 die() {
@@ -51,9 +54,10 @@ ensure_debootstrap() {
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
 }
 
-# rootfs NAME PACKAGES: a minimal Debian in $work/NAME with PACKAGES.
+# rootfs NAME PACKAGES [SUITE]: a minimal Debian (bookworm unless SUITE) in
+# $work/NAME with PACKAGES.
 rootfs() {
-  local name="$1" packages="$2" root="$work/$1"
+  local name="$1" packages="$2" root="$work/$1" suite="${3:-$suite}"
   ensure_debootstrap
   mkdir -p "$work/cache"
   as_root rm -rf "$root"
@@ -88,6 +92,18 @@ build_redis() {
   echo "redis image: $((SECONDS - started))s" >&2
 }
 
+build_valkey() {
+  if have_image "$valkey_image"; then
+    echo "reusing $valkey_image" >&2
+    return
+  fi
+  local started=$SECONDS
+  rootfs valkey valkey-server,valkey-tools "$valkey_suite"
+  as_root mkdir -p "$work/valkey/data"
+  import valkey "$valkey_image"
+  echo "valkey image: $((SECONDS - started))s" >&2
+}
+
 build_kafka() {
   if have_image "$kafka_image"; then
     echo "reusing $kafka_image" >&2
@@ -105,6 +121,7 @@ build_kafka() {
 
 names() {
   echo "IDEMSTREAM_REDIS_IMAGE=$redis_image"
+  echo "IDEMSTREAM_VALKEY_IMAGE=$valkey_image"
   echo "IDEMSTREAM_KAFKA_IMAGE=$kafka_image"
 }
 
@@ -116,12 +133,13 @@ case "${1:-}" in
       # One build at a time per state directory.
       flock 9
       build_redis
+      build_valkey
       build_kafka
     ) 9>"$work/.lock"
     names
     ;;
   names) names ;;
-  rm) docker image rm "$redis_image" "$kafka_image" >/dev/null 2>&1 || true ;;
+  rm) docker image rm "$redis_image" "$valkey_image" "$kafka_image" >/dev/null 2>&1 || true ;;
   *)
     sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
     exit 2

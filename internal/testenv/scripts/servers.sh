@@ -55,6 +55,65 @@ start_redis() {
   return 1
 }
 
+# ensure_valkey_root makes $state_dir/valkey-root, a minimal Debian trixie
+# with valkey-server (8.1, the first with SET … IFEQ; bookworm has none),
+# by debootstrap from Debian's packages, once.
+ensure_valkey_root() {
+  valkey_root="$state_dir/valkey-root"
+  [ -x "$valkey_root/usr/bin/valkey-server" ] && return
+  if ! command -v debootstrap >/dev/null; then
+    echo "installing debootstrap from Debian's packages" >&2
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+  fi
+  echo "debootstrap trixie (valkey-server) into $valkey_root" >&2
+  as_root rm -rf "$valkey_root.tmp"
+  if ! as_root debootstrap --variant=minbase --include=valkey-server trixie "$valkey_root.tmp" \
+    "${IDEMSTREAM_DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$state_dir/valkey-root.log" 2>&1; then
+    tail -n 30 "$state_dir/valkey-root.log" >&2
+    echo "debootstrap of valkey-server failed (log: $state_dir/valkey-root.log)" >&2
+    return 1
+  fi
+  as_root mv "$valkey_root.tmp" "$valkey_root"
+}
+
+start_valkey() {
+  if [ -n "${IDEMSTREAM_TEST_VALKEY:-}" ]; then
+    echo "using the Valkey server at $IDEMSTREAM_TEST_VALKEY" >&2
+    return
+  fi
+  ensure_valkey_root
+  local port pidfile="$valkey_root/run/valkey-testenv.pid"
+  port=$(free_port)
+  if [ -f "$pidfile" ]; then
+    as_root kill "$(cat "$pidfile")" 2>/dev/null || true
+    as_root rm -f "$pidfile"
+  fi
+  as_root chroot "$valkey_root" valkey-server --port "$port" --bind 127.0.0.1 --dir /tmp --save "" \
+    --appendonly no --daemonize yes --pidfile /run/valkey-testenv.pid --logfile /tmp/valkey-testenv.log
+  for _ in $(seq 1 100); do
+    if redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; then
+      export IDEMSTREAM_TEST_VALKEY="127.0.0.1:$port"
+      echo "valkey-server $(redis-cli -p "$port" info server | sed -n 's/^valkey_version:\([0-9.]*\).*/\1/p') on $IDEMSTREAM_TEST_VALKEY" >&2
+      started_valkey_pidfile="$pidfile"
+      return
+    fi
+    sleep 0.1
+  done
+  echo "valkey-server did not answer on port $port; its log:" >&2
+  cat "$valkey_root/tmp/valkey-testenv.log" >&2
+  return 1
+}
+
+stop_valkey() {
+  if [ -n "${started_valkey_pidfile:-}" ] && [ -f "$started_valkey_pidfile" ]; then
+    as_root kill "$(cat "$started_valkey_pidfile")" 2>/dev/null || true
+    as_root rm -f "$started_valkey_pidfile"
+    started_valkey_pidfile=
+    unset IDEMSTREAM_TEST_VALKEY
+  fi
+}
+
 stop_redis() {
   if [ -n "${started_redis_pidfile:-}" ] && [ -f "$started_redis_pidfile" ]; then
     kill "$(cat "$started_redis_pidfile")" 2>/dev/null || true
@@ -104,7 +163,7 @@ stop_kafka() {
 # servers_start [names...]: start the named servers (default: all).
 servers_start() {
   local names=("$@")
-  [ ${#names[@]} -eq 0 ] && names=(redis kafka)
+  [ ${#names[@]} -eq 0 ] && names=(redis valkey kafka)
   for name in "${names[@]}"; do
     "start_$name"
   done
@@ -112,6 +171,7 @@ servers_start() {
 
 servers_stop() {
   stop_kafka
+  stop_valkey
   stop_redis
 }
 

@@ -1,0 +1,220 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemstream/idemstream/dedupe"
+)
+
+// A server with a native compare-and-set (SET … IFEQ: Valkey 8.1 and
+// later, Redis 8.4 and later) finishes a batch without WATCH and
+// MULTI/EXEC: one round trip reads the server's clock and the entries,
+// decide.Complete decides each completion here, and one round trip writes
+// each entry that changes with SET … IFEQ <the value read>. The server
+// compares and writes each entry atomically, which is all a completion
+// needs: its rule reads one entry and writes that entry. An entry that
+// changed in between (another holder took the key over, a renewal, an
+// expiry) is left alone by its SET, and complete.lua finishes that
+// entry's completions, as it does after a failed EXEC.
+//
+// The command is detected, never required (hasCAS), and a refusal of its
+// syntax after a failover to an older node sends the store back to WATCH.
+// That a replica of an older version follows the command is not tested:
+// docs/operations.md asks for the replicas to be upgraded first.
+
+// casState is what is known of the server's SET … IFEQ.
+type casState int32
+
+const (
+	casUnknown casState = iota
+	casSupported
+	casUnsupported
+)
+
+// casChunk bounds the SET … IFEQ of one round trip: about 14 KiB of the
+// load run's entries, under one fsync of appendfsync always.
+const casChunk = 16
+
+// hasCAS reports whether node takes SET … IFEQ, asking it once: on a name
+// of its own (under the entries' pattern, for an ACL that names them), a
+// SET … IFEQ of a wrong value must write nothing and one of the right
+// value must write. A server that refuses the command, or answers
+// otherwise, finishes its batches under WATCH for the life of the Store.
+func (s *Store) hasCAS(ctx context.Context, node *redis.Client) bool {
+	switch casState(s.cas.Load()) {
+	case casSupported:
+		return true
+	case casUnsupported:
+		return false
+	}
+	name := s.prefix + ":{set-ifeq-probe:" + strconv.FormatInt(time.Now().UnixNano(), 36) + "}"
+	var set, wrong, right *redis.Cmd
+	var read *redis.StringCmd
+	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		set = p.Do(ctx, "SET", name, "a", "PX", 10000)
+		wrong = p.Do(ctx, "SET", name, "b", "IFEQ", "c", "PX", 10000)
+		right = p.Do(ctx, "SET", name, "b", "IFEQ", "a", "PX", 10000)
+		read = p.Get(ctx, name)
+		p.Del(ctx, name)
+		return nil
+	})
+	var rerr redis.Error
+	switch {
+	case set.Err() == nil && errors.Is(wrong.Err(), redis.Nil) && right.Err() == nil && read.Val() == "b":
+		s.cas.Store(int32(casSupported))
+		return true
+	case errors.As(err, &rerr):
+		// The server answered (a syntax error, NOPERM, READONLY): no
+		// compare-and-set it can be trusted with.
+		s.cas.Store(int32(casUnsupported))
+	}
+	// Otherwise the server is away: this batch goes under WATCH, which
+	// meets the same error, and the next asks again.
+	return false
+}
+
+// isSyntaxRefusal reports whether the server did not know SET's IFEQ.
+func isSyntaxRefusal(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.Contains(strings.ToLower(err.Error()), "syntax")
+}
+
+// beforeCAS, when set (by a test), runs between completeCAS's read and its
+// writes.
+var beforeCAS func(names []string)
+
+// completeCAS finishes comps with SET … IFEQ (see above).
+func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []dedupe.Completion, names []string) ([]error, error) {
+	mget := make([]any, 1+len(names))
+	mget[0] = "MGET"
+	for i, name := range names {
+		mget[1+i] = name
+	}
+	var clock *redis.TimeCmd
+	var read *redis.Cmd
+	if _, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		clock = p.Time(ctx)
+		read = p.Do(ctx, mget...)
+		return nil
+	}); err != nil {
+		return nil, classify("complete", err)
+	}
+	now := time.UnixMilli(clock.Val().UnixMilli())
+	vals, err := read.Slice()
+	if err != nil {
+		return nil, classify("complete", err)
+	}
+	if len(vals) != len(names) {
+		return nil, fmt.Errorf("complete: %d entries read for %d completions", len(vals), len(names))
+	}
+	errs := make([]error, len(comps))
+	order, latest := planCompletions(comps, names, vals, now, errs)
+	if len(order) == 0 {
+		return errs, nil
+	}
+	bp := valueBuffers.Get().(*[]byte)
+	buf := (*bp)[:0]
+	defer func() {
+		*bp = buf[:0]
+		valueBuffers.Put(bp)
+	}()
+	if beforeCAS != nil {
+		beforeCAS(names)
+	}
+	sets := make([]*redis.Cmd, len(order))
+	for j, i := range order {
+		e := latest[names[i]]
+		start := len(buf)
+		buf = appendEntry(buf, e)
+		// IFEQ the value read: MGET read each name once per completion,
+		// the same value each time.
+		sets[j] = redis.NewCmd(ctx, "SET", mget[1+i], buf[start:len(buf):len(buf)], "IFEQ", vals[i], "PXAT", e.RetainUntil().UnixMilli())
+	}
+	// In chunks side by side, as completeWatched's transactions: under
+	// appendfsync always Redis fsyncs for every 16 KiB it reads from a
+	// client before it answers, and a SET … IFEQ carries its entry twice.
+	chunkErrs := make([]error, (len(sets)+casChunk-1)/casChunk)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(watchParallel, len(chunkErrs)) {
+		wg.Go(func() {
+			for c := range next {
+				chunk := sets[c*casChunk : min((c+1)*casChunk, len(sets))]
+				_, chunkErrs[c] = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+					for _, cmd := range chunk {
+						_ = p.Process(ctx, cmd)
+					}
+					return nil
+				})
+			}
+		})
+	}
+	for c := range chunkErrs {
+		next <- c
+	}
+	close(next)
+	wg.Wait()
+	// Each SET answers for itself: OK, written; nil, the entry changed
+	// since the read (or is gone), and complete.lua decides its
+	// completions again on what it finds; refused for its syntax (a
+	// failover to a node without the command), the same, and the store
+	// finishes its batches under WATCH from now on. Any other refusal
+	// (OOM, READONLY, NOPERM) or a lost connection fails the call, as an
+	// EXEC would: what was written is the same completion again when the
+	// call is retried.
+	again := map[string]bool{}
+	for j, i := range order {
+		switch err := sets[j].Err(); {
+		case err == nil:
+		case errors.Is(err, redis.Nil):
+			again[names[i]] = true
+		case isSyntaxRefusal(err):
+			s.cas.Store(int32(casUnsupported))
+			again[names[i]] = true
+		default:
+			return nil, classify("complete", err)
+		}
+	}
+	for _, err := range chunkErrs {
+		// A chunk that failed as a whole (no connection to be had) may
+		// leave a command without an answer, which must not pass for a
+		// write: the call fails. A server's answer is a command's own,
+		// handled above.
+		if err != nil && !errors.Is(err, redis.Nil) {
+			var rerr redis.Error
+			if !errors.As(err, &rerr) {
+				return nil, classify("complete", err)
+			}
+		}
+	}
+	if len(again) == 0 {
+		return errs, nil
+	}
+	var redo []int
+	for i := range comps {
+		if again[names[i]] {
+			redo = append(redo, i)
+		}
+	}
+	cc := make([]dedupe.Completion, len(redo))
+	cn := make([]string, len(redo))
+	for j, i := range redo {
+		cc[j], cn[j] = comps[i], names[i]
+	}
+	ce, err := s.completeScripted(ctx, cc, cn)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range redo {
+		errs[i] = ce[j]
+	}
+	return errs, nil
+}
