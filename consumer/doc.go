@@ -86,6 +86,37 @@
 // end it again: the pipeline stops with the reason, and nothing past the
 // batch is committed.
 //
+// # Why step 7 writes once per key, not once per batch
+//
+// A batch could record its outcome once (one record naming the offsets of
+// its results) and let every reader of a PENDING entry resolve it through
+// that record. Such a design must answer four questions; the answers found
+// so far are why step 7 stays one compare-and-set per key (a WATCH
+// transaction, or SET … IFEQ where the server has it):
+//
+//   - Fencing a stale owner: a batch record written by an owner whose lease
+//     expired must not resolve the keys its successor took over. So each
+//     entry must name the attempt that holds it, and every resume and
+//     takeover writes the new attempt into the entry: a write per key in
+//     the very cases that matter.
+//   - Redis Cluster: an entry and its batch's record sit in different
+//     slots, so no script or transaction sees both; a reader resolves the
+//     entry with a second read, and a compare must be on the entry alone.
+//   - Lifetime: an entry never rewritten keeps its PENDING expiry, a day
+//     past its lease, so the batch record must live as long, and Redis
+//     would hold 144 times the entries it holds today at a 10-minute
+//     window. Bringing each expiry down is the per-key write again. Moving
+//     the day of retention to a per-partition ledger fails a rule of its
+//     own: copies on other partitions decided hours late must resume, not
+//     start anew (storetest PendingPastItsWindowIsResumedNotNew).
+//   - Rolling deploy: a release before reads a resolved entry as PENDING
+//     for a day, so after the window it would take the old key over, find
+//     the old result and leave a new request unhandled. The new format
+//     would need a release that reads it before any release writes it.
+//
+// docs/design.md gives the two shapes in full and what the per-key
+// completion costs.
+//
 // # Where it can stop, and what the next owner finds
 //
 //	stops                           next owner finds          does
