@@ -109,21 +109,26 @@ func TestCompleteUsesSetIfEqWhereTheServerHasIt(t *testing.T) {
 		t.Errorf("%d SETs for %d entries that change", sets, want)
 	}
 	checkMixed(t, s, comps, want, errs)
-	// The entry's expiry is the one its state asks for (RetainUntil),
-	// as every other writer of an entry sets it.
 	for _, c := range comps {
 		e, _, err := s.Lookup(context.Background(), "p", c.Key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		pttl, err := testenv.RedisCommand(addr, "PTTL", s.redisKey("p", c.Key))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ms, _ := strconv.ParseInt(pttl, 10, 64)
-		if wantMs := e.RetainUntil().Sub(e.Now).Milliseconds(); ms < wantMs-2000 || ms > wantMs+2000 {
-			t.Errorf("%s (%s): PTTL %d ms, want about %d", c.Key, e.State, ms, wantMs)
-		}
+		checkExpiry(t, s, addr, c.Key, e)
+	}
+}
+
+// checkExpiry checks that key's entry e expires when its state asks
+// (RetainUntil), as every other writer of an entry sets it.
+func checkExpiry(t *testing.T, s *Store, addr, key string, e dedupe.Entry) {
+	t.Helper()
+	pttl, err := testenv.RedisCommand(addr, "PTTL", s.redisKey("p", key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, _ := strconv.ParseInt(pttl, 10, 64)
+	if wantMs := e.RetainUntil().Sub(e.Now).Milliseconds(); ms < wantMs-2000 || ms > wantMs+2000 {
+		t.Errorf("%s (%s): PTTL %d ms, want about %d", key, e.State, ms, wantMs)
 	}
 }
 
@@ -173,14 +178,7 @@ func TestCompleteWithSetIfEqFallsBackWhenAnEntryChanges(t *testing.T) {
 	addr := testenv.ValkeyAddr(t)
 	s, _ := storeOn(t, &redis.Options{Addr: addr}, "casfallback")
 	ctx := context.Background()
-	const n = casChunk + 9
-	var mine []dedupe.DecideRequest
-	for i := range n {
-		mine = append(mine, pendingReq(fmt.Sprintf("k%03d", i), "holder-a", i, time.Second))
-	}
-	if _, err := s.Decide(ctx, mine); err != nil {
-		t.Fatal(err)
-	}
+	mine := decideKeys(t, s, casChunk+9, time.Second)
 	taken := mine[casChunk+2]
 	var mu sync.Mutex
 	reads, takeovers, polls := 0, 0, 0
@@ -191,32 +189,11 @@ func TestCompleteWithSetIfEqFallsBackWhenAnEntryChanges(t *testing.T) {
 		if !slices.Contains(names, s.redisKey("p", taken.Key)) {
 			return
 		}
-		// The lease ends on the server's clock, and another holder takes
-		// the key over.
-		r := taken
-		r.Owner, r.Final = dedupe.Owner{Holder: "holder-b", Source: "in/1/7"}, true
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			polls++
-			decs, err := s.Decide(ctx, []dedupe.DecideRequest{r})
-			if err != nil {
-				t.Errorf("takeover: %v", err)
-				return
-			}
-			if decs[0].Verdict == dedupe.VerdictFirst {
-				takeovers++
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Error("the lease did not end within 10s")
+		_, polls = takeOver(t, s, taken, "holder-b")
+		takeovers++
 	}
 	defer func() { beforeCAS = nil }()
-	var comps []dedupe.Completion
-	for i, r := range mine {
-		comps = append(comps, dedupe.Completion{Namespace: "p", Key: r.Key, Owner: r.Owner, State: dedupe.Success,
-			Result: dedupe.ResultRef{Partition: 0, Offset: int64(i)}})
-	}
+	comps := successes(mine)
 	// decide.lua and complete.lua loaded before the count: a first
 	// EVALSHA that answers NOSCRIPT counts as a call too.
 	loadReq := pendingReq("load", "holder-c", 999, time.Minute)
@@ -288,4 +265,246 @@ func TestCompleteWithoutSetIfEqUsesWatch(t *testing.T) {
 			checkMixed(t, s, comps, want, errs)
 		})
 	}
+}
+
+// casStoreOn is a store on the Valkey of the tests that has found SET …
+// IFEQ, so that its Decide remembers what its SET NX writes.
+func casStoreOn(t *testing.T, name string) (*Store, string) {
+	t.Helper()
+	addr := testenv.ValkeyAddr(t)
+	s, c := storeOn(t, &redis.Options{Addr: addr}, name)
+	if !s.hasCAS(context.Background(), c) {
+		t.Fatalf("the store did not find SET IFEQ on %s", addr)
+	}
+	return s, addr
+}
+
+// callsDuring is how many times the server at addr ran each command while
+// fn ran.
+func callsDuring(t *testing.T, addr string, fn func()) map[string]int {
+	t.Helper()
+	before := commandCalls(t, addr)
+	fn()
+	after := commandCalls(t, addr)
+	for cmd := range after {
+		after[cmd] -= before[cmd]
+	}
+	return after
+}
+
+// A batch decided by this store's SET NX is finished with SET … IFEQ
+// against the entries the SET NX wrote: its read is the server's clock
+// alone, and every kind of completion ends as on the entries read.
+func TestCompleteWithSetIfEqComparesWithWhatDecideWrote(t *testing.T) {
+	s, addr := casStoreOn(t, "caskept")
+	comps, want := mixedBatch(t, s, 3*casChunk+5)
+	// Without the completions under another holder's token: those are
+	// read (the next test).
+	var mine []dedupe.Completion
+	var wantMine []dedupe.State
+	for i, c := range comps {
+		if c.Owner.Holder != "holder-z" {
+			mine, wantMine = append(mine, c), append(wantMine, want[i])
+		}
+	}
+	// What is remembered of each entry is what its bytes decode to.
+	for name, w := range s.written.cur {
+		e, err := decodeEntry(w.entry.Now.UnixMilli(), w.raw)
+		if err != nil || e != w.entry {
+			t.Errorf("%s: remembered %+v, its bytes decode to %+v (%v)", name, w.entry, e, err)
+		}
+	}
+	if len(s.written.cur) != len(comps) {
+		t.Errorf("%d entries remembered for %d decided", len(s.written.cur), len(comps))
+	}
+	var errs []error
+	calls := callsDuring(t, addr, func() {
+		var err error
+		if errs, err = s.Complete(context.Background(), mine); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if calls["mget"] != 0 || calls["time"] != 1 || calls["watch"] != 0 || calls["evalsha"] != 0 {
+		t.Errorf("completed with MGET %d, TIME %d, WATCH %d, EVALSHA %d; want one TIME and none of the others",
+			calls["mget"], calls["time"], calls["watch"], calls["evalsha"])
+	}
+	if calls["set"] != len(mine) {
+		t.Errorf("%d SETs for %d entries that change", calls["set"], len(mine))
+	}
+	for i, c := range mine {
+		if errs[i] != nil {
+			t.Errorf("completion %d (%s): %v", i, c.State, errs[i])
+		}
+		e, ok, err := s.Lookup(context.Background(), "p", c.Key)
+		if err != nil || !ok {
+			t.Fatalf("lookup %s: %v %v", c.Key, ok, err)
+		}
+		if e.State != wantMine[i] || e.Owner != c.Owner || (c.State != dedupe.Pending && e.Result != c.Result) {
+			t.Errorf("%s: %s by %s at %v, want %s by %s at %v", c.Key, e.State, e.Owner.Token(), e.Result, wantMine[i], c.Owner.Token(), c.Result)
+		}
+		if c.State == dedupe.Pending && e.LeaseUntil.After(e.Now) {
+			t.Errorf("%s: released, but its lease runs until %v (now %v)", c.Key, e.LeaseUntil, e.Now)
+		}
+		if c.State == dedupe.Failed && !e.ExpiresAt.After(e.Now.Add(c.FailedTTL-5*time.Second)) {
+			t.Errorf("%s: FAILED until %v, want about %v past %v", c.Key, e.ExpiresAt, c.FailedTTL, e.Now)
+		}
+		checkExpiry(t, s, addr, c.Key, e)
+	}
+}
+
+// What Decide wrote is not the entry any more when another holder took
+// the key over, the owner renewed its lease, or the entry is gone: each
+// such SET … IFEQ writes nothing and complete.lua decides the completion
+// on what it finds. A completion the remembered entry would fence (under
+// a token it does not name) is decided on the entry read, which here is
+// that token's own takeover: it succeeds.
+func TestCompleteWithSetIfEqChecksWhatDecideWrote(t *testing.T) {
+	s, addr := casStoreOn(t, "caschanged")
+	ctx := context.Background()
+	reqs := decideKeys(t, s, casChunk+9, time.Second)
+	taken, renewed, gone, theirs := reqs[2], reqs[5], reqs[7], reqs[11]
+	// Two keys taken over: one is completed as holder-a (fenced), the
+	// other as its new holder.
+	takeOver(t, s, taken, "holder-b")
+	newOwner, _ := takeOver(t, s, theirs, "holder-z")
+	// The others' leases ended too: renew one (its entry is rewritten) and
+	// take another away.
+	renew := renewed
+	renew.RenewOnly = true
+	if _, err := s.Decide(ctx, []dedupe.DecideRequest{renew}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testenv.RedisCommand(addr, "DEL", s.redisKey("p", gone.Key)); err != nil {
+		t.Fatal(err)
+	}
+	comps := successes(reqs)
+	comps[11].Owner = newOwner
+	var errs []error
+	calls := callsDuring(t, addr, func() {
+		var err error
+		if errs, err = s.Complete(ctx, comps); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// The taken, renewed and gone keys go to the script (one call for
+	// the three); the completion under the new holder's token is read
+	// (one MGET) and written.
+	if calls["evalsha"] != 1 || calls["mget"] != 1 {
+		t.Errorf("%d script calls and %d MGET; want 1 and 1", calls["evalsha"], calls["mget"])
+	}
+	for i, c := range comps {
+		e, ok, err := s.Lookup(ctx, "p", c.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch c.Key {
+		case taken.Key:
+			if !errors.Is(errs[i], dedupe.ErrFenced) || e.State != dedupe.Pending || e.Owner.Holder != "holder-b" {
+				t.Errorf("taken key: %v, %s by %s; want fenced, PENDING by holder-b", errs[i], e.State, e.Owner.Holder)
+			}
+		case gone.Key:
+			if !errors.Is(errs[i], dedupe.ErrFenced) || ok {
+				t.Errorf("gone key: %v, found %v; want fenced, no entry", errs[i], ok)
+			}
+		default:
+			if errs[i] != nil || !ok || e.State != dedupe.Success || e.Owner != c.Owner || e.Result.Offset != int64(i) {
+				t.Errorf("%s: %v, %s by %s at %d; want SUCCESS by %s at %d", c.Key, errs[i], e.State, e.Owner.Token(), e.Result.Offset, c.Owner.Token(), i)
+			}
+		}
+	}
+}
+
+// Once a remembered entry puts a call in doubt, every completion of the
+// call is decided on the entries read: none keeps a verdict of the
+// remembered entries. Here the first plan runs while a key's lease runs
+// and releases it; before the read, the lease ends and another store takes
+// the key over, and the key's release must come back fenced, not done
+// (on the later clock, the remembered entry's release would change
+// nothing: no write, so nothing the server checks).
+func TestCompleteWithSetIfEqDecidesADoubtedCallOnWhatItReads(t *testing.T) {
+	s, addr := casStoreOn(t, "casdoubt")
+	other := New(redis.NewClient(&redis.Options{Addr: addr}), s.prefix)
+	ctx := context.Background()
+	reqs := decideKeys(t, s, 10, 2*time.Second)
+	rereads := 0
+	beforeReread = func() {
+		rereads++
+		takeOver(t, other, reqs[1], "holder-b")
+	}
+	defer func() { beforeReread = nil }()
+	comps := successes(reqs)
+	comps[1].State, comps[1].Result = dedupe.Pending, dedupe.ResultRef{}
+	comps[2].Owner.Holder = "holder-z"
+	errs, err := s.Complete(ctx, comps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rereads != 1 {
+		t.Fatalf("%d reads of the whole call, want 1", rereads)
+	}
+	for i, c := range comps {
+		e, _, err := s.Lookup(ctx, "p", c.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch i {
+		case 1:
+			if !errors.Is(errs[i], dedupe.ErrFenced) || e.Owner.Holder != "holder-b" {
+				t.Errorf("release of the key taken over: %v, held by %s; want fenced, held by holder-b", errs[i], e.Owner.Holder)
+			}
+		case 2:
+			if !errors.Is(errs[i], dedupe.ErrFenced) || e.State != dedupe.Pending {
+				t.Errorf("completion under another token: %v, %s; want fenced, PENDING", errs[i], e.State)
+			}
+		default:
+			if errs[i] != nil || e.State != dedupe.Success {
+				t.Errorf("%s: %v, %s; want SUCCESS", c.Key, errs[i], e.State)
+			}
+		}
+	}
+}
+
+// decideKeys decides keys k000, k001, … as holder-a with lease, and
+// returns the requests.
+func decideKeys(t *testing.T, s *Store, n int, lease time.Duration) []dedupe.DecideRequest {
+	t.Helper()
+	var reqs []dedupe.DecideRequest
+	for i := range n {
+		reqs = append(reqs, pendingReq(fmt.Sprintf("k%03d", i), "holder-a", i, lease))
+	}
+	if _, err := s.Decide(context.Background(), reqs); err != nil {
+		t.Fatal(err)
+	}
+	return reqs
+}
+
+// takeOver decides r again on st as holder, from another source, until
+// r's lease has ended on the server's clock and holder has the key. It
+// returns holder's token and how many decisions that took.
+func takeOver(t *testing.T, st *Store, r dedupe.DecideRequest, holder string) (dedupe.Owner, int) {
+	t.Helper()
+	r.Owner, r.Final = dedupe.Owner{Holder: holder, Source: "in/1/7"}, true
+	for n, deadline := 1, time.Now().Add(10*time.Second); time.Now().Before(deadline); n++ {
+		decs, err := st.Decide(context.Background(), []dedupe.DecideRequest{r})
+		if err != nil {
+			t.Fatalf("takeover: %v", err)
+		}
+		if decs[0].Verdict == dedupe.VerdictFirst {
+			return r.Owner, n
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("the lease did not end within 10s")
+	return dedupe.Owner{}, 0
+}
+
+// successes completes each of reqs SUCCESS, its result at the offset of
+// its place in reqs.
+func successes(reqs []dedupe.DecideRequest) []dedupe.Completion {
+	comps := make([]dedupe.Completion, len(reqs))
+	for i, r := range reqs {
+		comps[i] = dedupe.Completion{Namespace: "p", Key: r.Key, Owner: r.Owner, State: dedupe.Success,
+			Result: dedupe.ResultRef{Partition: 0, Offset: int64(i)}}
+	}
+	return comps
 }

@@ -55,12 +55,16 @@
 // Redis checks each WATCHed key against every key the connection already
 // watches. A server with a native compare-and-set (SET … IFEQ: Valkey
 // 8.1 and later, Redis 8.4 and later; asked once, never required) needs
-// no WATCH: one round trip reads TIME and the entries, and one writes each
-// changed entry with SET … IFEQ the value read, which the server compares
-// and writes atomically; an entry changed meanwhile is left to
-// complete.lua. On a cluster, with replica acknowledgement (see Replicas),
-// and for calls of fewer than 8 completions, Complete is one complete.lua
-// call per group.
+// no WATCH: one round trip writes each changed entry with SET … IFEQ the
+// value it had, which the server compares and writes atomically; an entry
+// changed meanwhile is left to complete.lua. The value it had is most
+// often what Decide's own SET NX wrote, which the store remembers
+// (written.go), so the round trip before the writes reads TIME alone, and
+// the entries it does not remember (MGET); a call in which a remembered
+// entry would not write (a completion fenced, or already done) is decided
+// again on all its entries read. On a cluster, with replica
+// acknowledgement (see Replicas), and for calls of fewer than 8
+// completions, Complete is one complete.lua call per group.
 //
 // Scripts are re-loaded when a server answers NOSCRIPT (after a restart
 // or a failover).

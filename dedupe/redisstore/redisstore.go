@@ -50,6 +50,8 @@ type Store struct {
 	prefix string
 	acks   replicaAcks
 	cas    atomic.Int32 // a casState
+	// What the SET NX of Decide wrote, for completeCAS (written.go).
+	written written
 }
 
 // New returns a Store that names its keys under prefix.
@@ -165,6 +167,8 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		return nil, ackErr
 	}
 	var existing, later []int
+	// Only completeCAS takes what the SET NX wrote.
+	remember := casState(s.cas.Load()) == casSupported && !s.waits("complete")
 	// known holds the entries whose state after this batch's decisions so
 	// far is known here exactly: created by the SET NX, or read and left
 	// unchanged.
@@ -178,6 +182,9 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		case err == nil:
 			out[i].Verdict = dedupe.VerdictFirst
 			known[names[i]] = &out[i].Entry
+			if remember {
+				s.written.put(names[i], args[setArgs*i+2].([]byte), &out[i].Entry)
+			}
 		case errors.Is(err, redis.Nil):
 			existing = append(existing, i)
 		default:
@@ -365,6 +372,12 @@ func (s *Store) decideScripted(ctx context.Context, reqs []dedupe.DecideRequest,
 	slowNames := make([]string, len(slow))
 	args := make([][]any, len(slow))
 	for j, i := range slow {
+		slowNames[j] = names[i]
+	}
+	// decide.lua may rewrite these entries (a takeover, a renewal): what
+	// an earlier SET NX wrote is not theirs any more.
+	s.written.forget(slowNames)
+	for j, i := range slow {
 		r := reqs[i]
 		event := ""
 		if !r.EventTime.IsZero() {
@@ -382,7 +395,6 @@ func (s *Store) decideScripted(ctx context.Context, reqs []dedupe.DecideRequest,
 			}
 			final = strconv.Itoa(n)
 		}
-		slowNames[j] = names[i]
 		args[j] = []any{r.Key, r.Fingerprint, r.Owner.Source,
 			strconv.FormatInt(int64(r.Intent.Partition), 10), strconv.FormatInt(r.Intent.Floor, 10), event, final}
 	}
@@ -437,8 +449,10 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 		if s.hasCAS(ctx, node) {
 			return s.completeCAS(ctx, node, comps, names)
 		}
+		s.written.forget(names)
 		return s.completeWatched(ctx, node, comps, names)
 	}
+	s.written.forget(names)
 	return s.completeScripted(ctx, comps, names)
 }
 
@@ -680,9 +694,9 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 
 // planCompletions applies decide.Complete, on the store's clock now, to
 // comps against the entries read (vals, one per completion, as MGET
-// answers), filling errs. It returns the first completion of each name
-// whose entry changes, in order, and each name's entry as the call leaves
-// it.
+// answers, or an entry Decide wrote: a *writtenEntry), filling errs. It
+// returns the first completion of each name whose entry changes, in
+// order, and each name's entry as the call leaves it.
 func planCompletions(comps []dedupe.Completion, names []string, vals []any, now time.Time, errs []error) ([]int, map[string]*dedupe.Entry) {
 	// latest is each entry as this batch leaves it, for a key
 	// completed twice in one call.
@@ -693,11 +707,16 @@ func planCompletions(comps []dedupe.Completion, names []string, vals []any, now 
 	for i, c := range comps {
 		cur, seen := latest[names[i]]
 		if !seen {
-			if raw, ok := vals[i].(string); ok {
-				if e, err := decodeEntry(now.UnixMilli(), raw); err == nil {
+			switch v := vals[i].(type) {
+			case string:
+				if e, err := decodeEntry(now.UnixMilli(), v); err == nil {
 					stored[i] = e
 					cur = &stored[i]
 				}
+			case *writtenEntry:
+				stored[i] = v.entry
+				stored[i].Now = now
+				cur = &stored[i]
 			}
 			latest[names[i]] = cur
 		}
