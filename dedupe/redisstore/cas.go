@@ -16,9 +16,10 @@ import (
 
 // A server with a native compare-and-set (SET … IFEQ: Valkey 8.1 and
 // later, Redis 8.4 and later) finishes a batch without WATCH and
-// MULTI/EXEC: one round trip reads the server's clock and the entries,
-// decide.Complete decides each completion here, and one round trip writes
-// each entry that changes with SET … IFEQ <the value read>. The server
+// MULTI/EXEC: one round trip reads the server's clock and the entries
+// this Store does not remember writing (written.go), decide.Complete
+// decides each completion here, and each entry that changes is written
+// with SET … IFEQ <the value it had>, in chunks side by side. The server
 // compares and writes each entry atomically, which is all a completion
 // needs: its rule reads one entry and writes that entry. An entry that
 // changed in between (another holder took the key over, a renewal, an
@@ -43,8 +44,7 @@ const (
 // load run's entries. Under appendfsync always Redis fsyncs each time it
 // has read up to 16 KiB from each client with input, so three chunks side
 // by side share their fsyncs whatever their size, and larger chunks spare
-// the client round trips (64 against 16: about a tenth less CPU for the
-// server and a little for the consumer in the load run on Valkey).
+// both sides round trips (docs/benchmarks.md has 64 against 16).
 const casChunk = 64
 
 // hasCAS reports whether node takes SET … IFEQ, asking it once: on a name
@@ -107,7 +107,7 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 	vals := make([]any, len(names))
 	missing := s.written.take(names, vals)
 	remembered := len(missing) < len(names)
-	now, err := s.readEntries(ctx, node, names, missing, vals)
+	now, err := readEntries(ctx, node, names, missing, vals)
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +125,7 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 		if beforeReread != nil {
 			beforeReread()
 		}
-		if now, err = s.readEntries(ctx, node, names, all, vals); err != nil {
+		if now, err = readEntries(ctx, node, names, all, vals); err != nil {
 			return nil, err
 		}
 		clear(errs)
@@ -239,7 +239,7 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 
 // readEntries reads the server's clock and the entries of names[i] for i in
 // idx into vals[i], in one round trip, and returns the clock.
-func (s *Store) readEntries(ctx context.Context, node *redis.Client, names []string, idx []int, vals []any) (time.Time, error) {
+func readEntries(ctx context.Context, node *redis.Client, names []string, idx []int, vals []any) (time.Time, error) {
 	mget := make([]any, 1+len(idx))
 	mget[0] = "MGET"
 	for j, i := range idx {

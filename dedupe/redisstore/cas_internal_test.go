@@ -268,13 +268,21 @@ func TestCompleteWithoutSetIfEqUsesWatch(t *testing.T) {
 }
 
 // casStoreOn is a store on the Valkey of the tests that has found SET …
-// IFEQ, so that its Decide remembers what its SET NX writes.
+// IFEQ, so that its Decide remembers what its SET NX writes, and whose
+// scripts are loaded.
 func casStoreOn(t *testing.T, name string) (*Store, string) {
 	t.Helper()
 	addr := testenv.ValkeyAddr(t)
 	s, c := storeOn(t, &redis.Options{Addr: addr}, name)
 	if !s.hasCAS(context.Background(), c) {
 		t.Fatalf("the store did not find SET IFEQ on %s", addr)
+	}
+	// The scripts loaded before any count: a first EVALSHA that answers
+	// NOSCRIPT counts as a call too.
+	for _, script := range []*redis.Script{decideScript, completeScript} {
+		if err := s.loadScript(context.Background(), script); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return s, addr
 }
@@ -299,7 +307,7 @@ func TestCompleteWithSetIfEqComparesWithWhatDecideWrote(t *testing.T) {
 	s, addr := casStoreOn(t, "caskept")
 	comps, want := mixedBatch(t, s, 3*casChunk+5)
 	// Without the completions under another holder's token: those are
-	// read (the next test).
+	// read (TestCompleteWithSetIfEqReadsWhatItWouldFence).
 	var mine []dedupe.Completion
 	var wantMine []dedupe.State
 	for i, c := range comps {
@@ -353,32 +361,29 @@ func TestCompleteWithSetIfEqComparesWithWhatDecideWrote(t *testing.T) {
 }
 
 // What Decide wrote is not the entry any more when another holder took
-// the key over, the owner renewed its lease, or the entry is gone: each
-// such SET … IFEQ writes nothing and complete.lua decides the completion
-// on what it finds. A completion the remembered entry would fence (under
-// a token it does not name) is decided on the entry read, which here is
-// that token's own takeover: it succeeds.
+// the key over, the owner renewed its lease, or the entry is gone (here
+// through another Store on the same server, so that this one still
+// remembers what it wrote): each such SET … IFEQ writes nothing and
+// complete.lua decides the key's completion on what it finds, while the
+// others of the batch succeed without a read of their entries.
 func TestCompleteWithSetIfEqChecksWhatDecideWrote(t *testing.T) {
 	s, addr := casStoreOn(t, "caschanged")
+	other := sameStore(t, s, addr)
 	ctx := context.Background()
 	reqs := decideKeys(t, s, casChunk+9, time.Second)
-	taken, renewed, gone, theirs := reqs[2], reqs[5], reqs[7], reqs[11]
-	// Two keys taken over: one is completed as holder-a (fenced), the
-	// other as its new holder.
-	takeOver(t, s, taken, "holder-b")
-	newOwner, _ := takeOver(t, s, theirs, "holder-z")
-	// The others' leases ended too: renew one (its entry is rewritten) and
-	// take another away.
+	taken, renewed, gone := reqs[2], reqs[5], reqs[7]
+	takeOver(t, other, taken, "holder-b")
+	// The others' leases ended too: renew one as its owner (its entry is
+	// rewritten) and take another away.
 	renew := renewed
 	renew.RenewOnly = true
-	if _, err := s.Decide(ctx, []dedupe.DecideRequest{renew}); err != nil {
+	if _, err := other.Decide(ctx, []dedupe.DecideRequest{renew}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := testenv.RedisCommand(addr, "DEL", s.redisKey("p", gone.Key)); err != nil {
 		t.Fatal(err)
 	}
 	comps := successes(reqs)
-	comps[11].Owner = newOwner
 	var errs []error
 	calls := callsDuring(t, addr, func() {
 		var err error
@@ -386,11 +391,9 @@ func TestCompleteWithSetIfEqChecksWhatDecideWrote(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	// The taken, renewed and gone keys go to the script (one call for
-	// the three); the completion under the new holder's token is read
-	// (one MGET) and written.
-	if calls["evalsha"] != 1 || calls["mget"] != 1 {
-		t.Errorf("%d script calls and %d MGET; want 1 and 1", calls["evalsha"], calls["mget"])
+	// One script call for the three changed keys, no read of an entry.
+	if calls["evalsha"] != 1 || calls["mget"] != 0 {
+		t.Errorf("%d script calls and %d MGET; want 1 and none", calls["evalsha"], calls["mget"])
 	}
 	for i, c := range comps {
 		e, ok, err := s.Lookup(ctx, "p", c.Key)
@@ -414,6 +417,37 @@ func TestCompleteWithSetIfEqChecksWhatDecideWrote(t *testing.T) {
 	}
 }
 
+// A completion that the remembered entry would fence (under a token it
+// does not name) is decided on the entry read, which here is that token's
+// own takeover through another Store: it succeeds.
+func TestCompleteWithSetIfEqReadsWhatItWouldFence(t *testing.T) {
+	s, addr := casStoreOn(t, "castheirs")
+	ctx := context.Background()
+	reqs := decideKeys(t, s, 10, time.Second)
+	newOwner, _ := takeOver(t, sameStore(t, s, addr), reqs[3], "holder-z")
+	comps := successes(reqs)
+	comps[3].Owner = newOwner
+	var errs []error
+	calls := callsDuring(t, addr, func() {
+		var err error
+		if errs, err = s.Complete(ctx, comps); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if calls["mget"] != 1 || calls["evalsha"] != 0 {
+		t.Errorf("%d MGET and %d script calls; want 1 and none", calls["mget"], calls["evalsha"])
+	}
+	for i, c := range comps {
+		e, _, err := s.Lookup(ctx, "p", c.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if errs[i] != nil || e.State != dedupe.Success || e.Owner != c.Owner {
+			t.Errorf("%s: %v, %s by %s; want SUCCESS by %s", c.Key, errs[i], e.State, e.Owner.Token(), c.Owner.Token())
+		}
+	}
+}
+
 // Once a remembered entry puts a call in doubt, every completion of the
 // call is decided on the entries read: none keeps a verdict of the
 // remembered entries. Here the first plan runs while a key's lease runs
@@ -423,7 +457,7 @@ func TestCompleteWithSetIfEqChecksWhatDecideWrote(t *testing.T) {
 // nothing: no write, so nothing the server checks).
 func TestCompleteWithSetIfEqDecidesADoubtedCallOnWhatItReads(t *testing.T) {
 	s, addr := casStoreOn(t, "casdoubt")
-	other := New(redis.NewClient(&redis.Options{Addr: addr}), s.prefix)
+	other := sameStore(t, s, addr)
 	ctx := context.Background()
 	reqs := decideKeys(t, s, 10, 2*time.Second)
 	rereads := 0
@@ -507,4 +541,13 @@ func successes(reqs []dedupe.DecideRequest) []dedupe.Completion {
 			Result: dedupe.ResultRef{Partition: 0, Offset: int64(i)}}
 	}
 	return comps
+}
+
+// sameStore is another Store on the server at addr under s's prefix: what
+// it writes s does not remember.
+func sameStore(t *testing.T, s *Store, addr string) *Store {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	return New(c, s.prefix)
 }

@@ -55,8 +55,9 @@
 // Redis checks each WATCHed key against every key the connection already
 // watches. A server with a native compare-and-set (SET … IFEQ: Valkey
 // 8.1 and later, Redis 8.4 and later; asked once, never required) needs
-// no WATCH: one round trip writes each changed entry with SET … IFEQ the
-// value it had, which the server compares and writes atomically; an entry
+// no WATCH: each changed entry is written with SET … IFEQ the value it
+// had (in chunks of 64, three side by side), which the server compares and
+// writes atomically; an entry
 // changed meanwhile is left to complete.lua. The value it had is most
 // often what Decide's own SET NX wrote, which the store remembers
 // (written.go), so the round trip before the writes reads TIME alone, and

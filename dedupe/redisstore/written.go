@@ -27,17 +27,18 @@ import (
 // nothing else.
 
 // Each generation of remembered entries holds at most writtenGeneration
-// entries and writtenBytes bytes (an entry counts twice its encoding, for
-// its decoded copy and the strings that copy holds on to, plus
-// writtenOverhead); two are kept, so at most 16 MiB or about 16,000 of the
-// load run's entries are remembered. A completion takes its entry a batch
+// entries and about writtenBytes bytes (an entry counts twice its
+// encoding, for its decoded copy and the strings that copy holds on to,
+// plus its name and writtenOverhead for the structures around them; the
+// allocator's rounding is not counted); two are kept, so about 16 MiB or
+// 14,000 of the load run's entries are remembered. A completion takes its entry a batch
 // or two after its decision, so a generation holds the decisions of the
 // partitions in flight; past that, the oldest are read back. An entry
 // longer than writtenLongest is not remembered at all.
 const (
 	writtenGeneration = 1 << 14
 	writtenBytes      = 8 << 20
-	writtenOverhead   = 256
+	writtenOverhead   = 320
 	writtenLongest    = 4 << 10
 )
 
@@ -57,7 +58,8 @@ type writtenEntry struct {
 	entry dedupe.Entry
 }
 
-func (v *writtenEntry) cost() int { return 2*len(v.raw) + writtenOverhead }
+// cost is what v and its name take, as the bound counts it.
+func (v *writtenEntry) cost(name string) int { return 2*len(v.raw) + len(name) + writtenOverhead }
 
 // put remembers that name now holds raw, the encoding of e.
 func (w *written) put(name string, raw []byte, e *dedupe.Entry) {
@@ -71,14 +73,14 @@ func (w *written) put(name string, raw []byte, e *dedupe.Entry) {
 	if w.cur == nil {
 		w.cur = make(map[string]*writtenEntry)
 	}
-	if len(w.cur) >= writtenGeneration || w.curBytes+v.cost() > writtenBytes {
+	if len(w.cur) >= writtenGeneration || w.curBytes+v.cost(name) > writtenBytes {
 		w.prev, w.cur, w.curBytes = w.cur, make(map[string]*writtenEntry, len(w.cur)), 0
 	}
 	if old, ok := w.cur[name]; ok {
-		w.curBytes -= old.cost()
+		w.curBytes -= old.cost(name)
 	}
 	w.cur[name] = v
-	w.curBytes += v.cost()
+	w.curBytes += v.cost(name)
 	delete(w.prev, name)
 }
 
@@ -93,7 +95,7 @@ func (w *written) take(names []string, vals []any) (missing []int) {
 		v, ok := w.cur[name]
 		if ok {
 			delete(w.cur, name)
-			w.curBytes -= v.cost()
+			w.curBytes -= v.cost(name)
 		} else if v, ok = w.prev[name]; ok {
 			delete(w.prev, name)
 		} else if v, ok = taken[name]; !ok {
@@ -122,7 +124,7 @@ func (w *written) forget(names []string) {
 	for _, name := range names {
 		if v, ok := w.cur[name]; ok {
 			delete(w.cur, name)
-			w.curBytes -= v.cost()
+			w.curBytes -= v.cost(name)
 		}
 		delete(w.prev, name)
 	}

@@ -23,8 +23,8 @@ func TestWrittenTakesEachEntryOnce(t *testing.T) {
 	}
 	var raws []string
 	for _, v := range vals {
-		if w, ok := v.(*writtenEntry); ok {
-			raws = append(raws, w.raw)
+		if entry, ok := v.(*writtenEntry); ok {
+			raws = append(raws, entry.raw)
 		} else {
 			raws = append(raws, "-")
 		}
@@ -56,9 +56,9 @@ func TestWrittenIsBoundedInBytes(t *testing.T) {
 	var w written
 	var e dedupe.Entry
 	raw := []byte(strings.Repeat("x", writtenLongest))
-	per := (&writtenEntry{raw: string(raw)}).cost()
+	per := (&writtenEntry{raw: string(raw)}).cost("0000")
 	for i := range 3 * writtenBytes / per {
-		w.put(fmt.Sprint(i), raw, &e)
+		w.put(fmt.Sprintf("%04d", i), raw, &e)
 		if w.curBytes > writtenBytes {
 			t.Fatalf("after %d entries: %d bytes in a generation, bound %d", i+1, w.curBytes, writtenBytes)
 		}
