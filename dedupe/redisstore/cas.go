@@ -106,14 +106,13 @@ var (
 func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []dedupe.Completion, names []string) ([]error, error) {
 	vals := make([]any, len(names))
 	missing := s.written.take(names, vals)
-	remembered := len(missing) < len(names)
 	now, err := readEntries(ctx, node, names, missing, vals)
 	if err != nil {
 		return nil, err
 	}
 	errs := make([]error, len(comps))
 	order, latest := planCompletions(comps, names, vals, now, errs)
-	if remembered && doubted(comps, names, missing, order, errs) {
+	if len(missing) < len(names) && doubted(names, vals, order, errs) {
 		// A remembered entry is trusted only where it leads to a write,
 		// which the compare checks. When it fences a completion, or finds
 		// one already done, the whole call is decided again on entries
@@ -273,20 +272,16 @@ func readEntries(ctx context.Context, node *redis.Client, names []string, idx []
 	return now, nil
 }
 
-// doubted reports whether a completion whose entry was remembered (not in
-// read, the indexes read) is fenced, or belongs to a name planCompletions
-// writes nothing for.
-func doubted(comps []dedupe.Completion, names []string, read, order []int, errs []error) bool {
-	wasRead := make(map[int]bool, len(read))
-	for _, i := range read {
-		wasRead[i] = true
-	}
+// doubted reports whether a completion whose entry was remembered (its
+// vals[i] still the *writtenEntry that take put there) is fenced, or
+// belongs to a name planCompletions writes nothing for.
+func doubted(names []string, vals []any, order []int, errs []error) bool {
 	writes := make(map[string]bool, len(order))
 	for _, i := range order {
 		writes[names[i]] = true
 	}
-	for i := range comps {
-		if !wasRead[i] && (errs[i] != nil || !writes[names[i]]) {
+	for i := range names {
+		if _, remembered := vals[i].(*writtenEntry); remembered && (errs[i] != nil || !writes[names[i]]) {
 			return true
 		}
 	}
