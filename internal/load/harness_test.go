@@ -32,6 +32,7 @@ const partitions = 6
 type loadSettings struct {
 	records, rounds, warmups, prefill int
 	bound                             time.Duration
+	floors                            bool // floor runs after each round
 }
 
 func readLoadSettings(t *testing.T) loadSettings {
@@ -42,6 +43,7 @@ func readLoadSettings(t *testing.T) loadSettings {
 		warmups: envCount(t, "IDEMSTREAM_LOAD_WARMUPS", 6),
 		prefill: envCount(t, "IDEMSTREAM_LOAD_PREFILL", 0),
 		bound:   envDuration(t, "IDEMSTREAM_LOAD_BOUND", 10*time.Minute),
+		floors:  os.Getenv("IDEMSTREAM_LOAD_FLOOR") != "0",
 	}
 }
 

@@ -12,7 +12,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/idemstream/idemstream/dedupe"
 )
 
 type options struct {
@@ -25,6 +28,20 @@ type options struct {
 	batchTimeout  time.Duration
 	maxWait       time.Duration
 	overlapCommit bool
+
+	// The floor: the least an idempotent consumer does, without any of
+	// idemstream's guarantees past at-least-once.
+	volatile, unordered []string // fingerprint each record under these rules
+	keyHeader           string   // the idempotency key's header
+	redisAddr           string   // SET NX an entry per key here
+	redisPrefix         string
+	entryBytes          int
+	ttl                 time.Duration
+}
+
+// fingerprints says whether the options ask for a fingerprint per record.
+func (o options) fingerprints() bool {
+	return len(o.volatile)+len(o.unordered) > 0 || o.redisAddr != ""
 }
 
 func main() {
@@ -57,14 +74,18 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.batchTimeout, "batch-timeout", time.Millisecond, "kafka.Writer BatchTimeout: a synchronous write of a partial batch waits this long")
 	fs.DurationVar(&o.maxWait, "max-wait", 100*time.Millisecond, "longest fetch wait when the input is idle")
 	fs.BoolVar(&o.overlapCommit, "overlap-commit", false, "commit a batch while the next one is written")
+	volatile := fs.String("volatile", "", "floor: comma-separated JSON Pointers left out of each record's fingerprint (a fingerprint per record when set)")
+	unordered := fs.String("unordered", "", "floor: comma-separated JSON Pointers of arrays fingerprinted as sets")
+	fs.StringVar(&o.keyHeader, "key-header", "Idempotency-Key", "floor: the header that holds a record's idempotency key")
+	fs.StringVar(&o.redisAddr, "redis", "", "floor: host:port of a Redis; a pipelined SET NX of an entry per record, and only first copies forwarded")
+	fs.StringVar(&o.redisPrefix, "redis-prefix", "floor", "floor: the prefix of the entries' names")
+	fs.IntVar(&o.entryBytes, "entry-bytes", 400, "floor: the size of an entry")
+	fs.DurationVar(&o.ttl, "ttl", 10*time.Minute, "floor: the entries' expiry")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	for _, b := range strings.Split(*brokers, ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			o.brokers = append(o.brokers, b)
-		}
-	}
+	o.brokers = list(*brokers)
+	o.volatile, o.unordered = list(*volatile), list(*unordered)
 	switch {
 	case len(o.brokers) == 0:
 		return o, errors.New("--brokers: required")
@@ -84,15 +105,38 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("--batch-timeout %v: want more than 0", o.batchTimeout)
 	case o.maxWait <= 0:
 		return o, fmt.Errorf("--max-wait %v: want more than 0", o.maxWait)
+	case o.redisAddr != "" && o.keyHeader == "":
+		return o, errors.New("--key-header: required with --redis")
+	case o.redisAddr != "" && o.entryBytes < len("sha256:")+64:
+		return o, fmt.Errorf("--entry-bytes %d: want at least %d, the fingerprint's length", o.entryBytes, len("sha256:")+64)
+	case o.redisAddr != "" && o.ttl <= 0:
+		return o, fmt.Errorf("--ttl %v: want more than 0", o.ttl)
+	}
+	if o.fingerprints() {
+		if _, err := dedupe.NewCanonicalizer(dedupe.CanonicalRules{Volatile: o.volatile, Unordered: o.unordered}); err != nil {
+			return o, fmt.Errorf("--volatile, --unordered: %w", err)
+		}
 	}
 	return o, nil
 }
 
-// run forwards until ctx ends. Three goroutines: the reader's fetch loop
+func list(s string) []string {
+	var out []string
+	for _, e := range strings.Split(s, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// run forwards until ctx ends. Four goroutines: the reader's fetch loop
 // feeds records one by one into a channel (kafka-go has no call that
 // returns what is buffered without blocking), the batcher gathers them and
-// hands a batch over as soon as the writer is free or the batch is full,
-// and the writer writes and commits. Under load the writer is always busy,
+// hands a batch over as soon as the next stage is free or the batch is
+// full, the decide stage copies the records out (and, with the floor's
+// flags, fingerprints them and sets their entries), and the writer writes
+// and commits. Under load the writer is always busy,
 // so batches fill up; when the input trickles, a record waits for nothing
 // but the writer.
 func run(ctx context.Context, o options) error {
@@ -114,7 +158,12 @@ func run(ctx context.Context, o options) error {
 	defer cancelWork()
 	records := make(chan kafka.Message, o.batch)
 	batches := make(chan []kafka.Message)
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
+	f, err := newFloor(o)
+	if err != nil {
+		return err
+	}
+	defer f.close()
 
 	go func() {
 		defer close(records)
@@ -170,15 +219,30 @@ func run(ctx context.Context, o options) error {
 			}
 		}
 	}()
+	// The decide stage: with the floor's flags it fingerprints each record
+	// and sets the entries of a batch while the batch before is written.
+	forwards := make(chan forward)
+	go func() {
+		defer close(forwards)
+		for batch := range batches {
+			out, err := f.decide(work, batch)
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case forwards <- forward{out: out, commit: batch}:
+			case <-work.Done():
+				return
+			}
+		}
+	}()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer func() { close(commits); <-committed }()
-		for batch := range batches {
-			out := make([]kafka.Message, len(batch))
-			for i, m := range batch {
-				out[i] = kafka.Message{Key: m.Key, Value: m.Value, Headers: m.Headers}
-			}
+		for fw := range forwards {
+			out, batch := fw.out, fw.commit
 			if err := w.WriteMessages(work, out...); err != nil {
 				errc <- fmt.Errorf("write %d records to %s: %w", len(out), o.output, err)
 				return
@@ -198,7 +262,6 @@ func run(ctx context.Context, o options) error {
 		}
 	}()
 
-	var err error
 	select {
 	case <-done:
 	case err = <-errc:
@@ -211,4 +274,91 @@ func run(ctx context.Context, o options) error {
 	default:
 	}
 	return errors.Join(err, w.Close(), r.Close())
+}
+
+// forward is a batch as the writer gets it: the records to write, and all
+// of the batch's records to commit once they are written.
+type forward struct{ out, commit []kafka.Message }
+
+// floor is the least an idempotent consumer does: a fingerprint of each
+// record's canonical form and, with a Redis, one pipelined SET NX of an
+// entry per key, forwarding only the records whose SET NX wrote. It
+// compares no fingerprints, records no outcome and completes nothing, so
+// it promises at-least-once and no more; it is there to show what the
+// fingerprint and the store's first write cost on their own.
+type floor struct {
+	canon     *dedupe.Canonicalizer // nil: a plain passthrough
+	rdb       *redis.Client         // nil: fingerprints only
+	keyHeader string
+	prefix    string
+	pad       string // fills an entry up to --entry-bytes after its fingerprint
+	ttl       time.Duration
+}
+
+func newFloor(o options) (*floor, error) {
+	f := &floor{keyHeader: o.keyHeader, prefix: o.redisPrefix, ttl: o.ttl}
+	if !o.fingerprints() {
+		return f, nil
+	}
+	var err error
+	if f.canon, err = dedupe.NewCanonicalizer(dedupe.CanonicalRules{Volatile: o.volatile, Unordered: o.unordered}); err != nil {
+		return nil, fmt.Errorf("--volatile, --unordered: %w", err)
+	}
+	if o.redisAddr != "" {
+		f.rdb = redis.NewClient(&redis.Options{Addr: o.redisAddr})
+		f.pad = strings.Repeat("x", o.entryBytes-len("sha256:")-64)
+	}
+	return f, nil
+}
+
+func (f *floor) close() {
+	if f.rdb != nil {
+		f.rdb.Close()
+	}
+}
+
+// decide returns the records of batch to write. A record without a key or
+// whose payload does not canonicalize is forwarded as it is.
+func (f *floor) decide(ctx context.Context, batch []kafka.Message) ([]kafka.Message, error) {
+	var fps []string
+	if f.canon != nil {
+		fps = make([]string, len(batch))
+		for i, m := range batch {
+			fps[i], _ = f.canon.Fingerprint(m.Value)
+		}
+	}
+	var set []*redis.BoolCmd
+	if f.rdb != nil {
+		set = make([]*redis.BoolCmd, len(batch))
+		pipe := f.rdb.Pipeline()
+		n := 0
+		for i, m := range batch {
+			if key := header(m, f.keyHeader); key != "" && fps[i] != "" {
+				set[i] = pipe.SetNX(ctx, f.prefix+":{"+key+"}", fps[i]+f.pad, f.ttl)
+				n++
+			}
+		}
+		// A SET NX that finds its key answers nil, which go-redis reads
+		// as false, not as an error.
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("redis: SET NX of %d entries: %w", n, err)
+		}
+	}
+	out := make([]kafka.Message, 0, len(batch))
+	for i, m := range batch {
+		if set != nil && set[i] != nil && !set[i].Val() {
+			continue // a replay
+		}
+		out = append(out, kafka.Message{Key: m.Key, Value: m.Value, Headers: m.Headers})
+	}
+	return out, nil
+}
+
+func header(m kafka.Message, name string) string {
+	for _, h := range m.Headers {
+		if strings.EqualFold(h.Key, name) {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
