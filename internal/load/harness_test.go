@@ -43,7 +43,7 @@ func readLoadSettings(t *testing.T) loadSettings {
 		warmups: envCount(t, "IDEMSTREAM_LOAD_WARMUPS", 6),
 		prefill: envCount(t, "IDEMSTREAM_LOAD_PREFILL", 0),
 		bound:   envDuration(t, "IDEMSTREAM_LOAD_BOUND", 10*time.Minute),
-		floors:  os.Getenv("IDEMSTREAM_LOAD_FLOOR") != "0",
+		floors:  envSwitch(t, "IDEMSTREAM_LOAD_FLOOR", true),
 	}
 }
 
@@ -63,6 +63,20 @@ func readLatencySettings(t *testing.T) latencySettings {
 		calibrate: envInt(t, "IDEMSTREAM_LATENCY_CALIBRATE", 325000),
 		runs:      envInt(t, "IDEMSTREAM_LATENCY_CALIBRATE_RUNS", 8),
 		bound:     envDuration(t, "IDEMSTREAM_LOAD_BOUND", 10*time.Minute),
+	}
+}
+
+// envSwitch reads a setting of 0 (off) or 1 (on), or def.
+func envSwitch(t *testing.T, name string, def bool) bool {
+	t.Helper()
+	switch v := os.Getenv(name); v {
+	case "":
+		return def
+	case "0", "1":
+		return v == "1"
+	default:
+		t.Fatalf("%s=%q: want 0 or 1", name, v)
+		return false
 	}
 }
 

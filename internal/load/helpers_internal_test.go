@@ -178,13 +178,17 @@ func TestMakefileDefaultsAreAccepted(t *testing.T) {
 		t.Setenv(m[1], v)
 		seen[m[1]] = true
 	}
-	for _, name := range []string{"IDEMSTREAM_LOAD_RECORDS", "IDEMSTREAM_LOAD_ROUNDS", "IDEMSTREAM_LOAD_WARMUPS", "IDEMSTREAM_LOAD_PREFILL", "IDEMSTREAM_LATENCY_RATE", "IDEMSTREAM_LATENCY_DURATION"} {
+	for _, name := range []string{"IDEMSTREAM_LOAD_RECORDS", "IDEMSTREAM_LOAD_ROUNDS", "IDEMSTREAM_LOAD_WARMUPS", "IDEMSTREAM_LOAD_PREFILL", "IDEMSTREAM_LOAD_FLOOR", "IDEMSTREAM_LATENCY_RATE", "IDEMSTREAM_LATENCY_DURATION"} {
 		if !seen[name] {
 			t.Errorf("the Makefile no longer passes %s: this test reads the wrong file", name)
 		}
 	}
-	if load := readLoadSettings(t); load.records < 300000 {
+	load := readLoadSettings(t)
+	if load.records < 300000 {
 		t.Errorf("make load's default backlog is %d records; the issue asks for at least 300,000", load.records)
+	}
+	if !load.floors {
+		t.Errorf("make load leaves the floor runs out by default")
 	}
 	if lat := readLatencySettings(t); lat.rate != 0 {
 		t.Errorf("make latency's default rate is %d, want 0 (calibrated in the run)", lat.rate)

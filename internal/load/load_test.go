@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +24,8 @@ import (
 
 // TestThroughput is make load: passthrough runs that warm the broker up
 // (IDEMSTREAM_LOAD_WARMUPS, 6), then rounds (IDEMSTREAM_LOAD_ROUNDS, 3) of `idemstream run` with a passthrough run before the first
-// and after each (P I P I P ... P), one after the other over the same
+// and after each (P I P I P ... P; with the floor runs, on unless
+// IDEMSTREAM_LOAD_FLOOR=0, P I P F F P I P F F P ...), one after the other over the same
 // backlog, on the same broker and Redis, each timed from its process start
 // to lag 0. Each idemstream run has its own group, output topics and
 // Redis prefix, and its entries are deleted after it. It prints each round's rate and its ratio to the
@@ -50,13 +52,21 @@ func TestThroughput(t *testing.T) {
 		redisAddr = testenv.StartRedis(t, testenv.RedisConfig{AppendOnly: true}).Addr
 	}
 	idemBin, passBin := binaries(t)
+	floors := set.floors
 	run := testenv.UniqueName(t, "load")
 	in := run + ".in"
 	topics := []string{in, run + ".warm"}
-	for r := range rounds + 1 {
+	// With the floors each round has a passthrough run of its own after
+	// it, and its floors are bracketed by that one and the next round's
+	// first: P I P F F P I P F F P ...
+	step := 1
+	if floors {
+		step = 2
+	}
+	passes := step*rounds + 1
+	for r := range passes {
 		topics = append(topics, passTopic(run, r))
 	}
-	floors := set.floors
 	for r := range rounds {
 		topics = append(topics, roundName(run, r)+".out", roundName(run, r)+".dlq")
 		if floors {
@@ -64,7 +74,7 @@ func TestThroughput(t *testing.T) {
 		}
 	}
 	testenv.CreateTopics(t, brokers, partitions, topics...)
-	ctx, cancel := runContext(t, time.Duration(warmups+2*rounds+3)*bound)
+	ctx, cancel := runContext(t, time.Duration(warmups+(step+1)*rounds+2*rounds+3)*bound)
 	defer cancel()
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	input := offsets{client: client, topic: in}
@@ -118,7 +128,7 @@ func TestThroughput(t *testing.T) {
 		t.Logf("store: %d other entries of 500 bytes with an expiry, written in %v", prefill, time.Since(began).Round(time.Millisecond))
 		defer dropKeys(context.Background(), t, rdb, run+"-fill")
 	}
-	passRuns := make([]passRun, rounds+1)
+	passRuns := make([]passRun, passes)
 	idemRuns := make([]idemRun, rounds)
 	var baselineCPU float64
 	var entryBytes int
@@ -135,10 +145,15 @@ func TestThroughput(t *testing.T) {
 		// round that took the keyspace past 2^21 and 9 in the next two),
 		// which made later rounds no match for earlier ones.
 		size := entrySize(ctx, t, rdb, roundName(run, r))
+		dropKeys(ctx, t, rdb, roundName(run, r))
 		if r == rounds-1 {
+			// On the store as the rounds after the first found it: the
+			// round's keys deleted. With them still there the baseline
+			// took the keyspace past 2^19 and paid for the rehash.
 			baselineCPU, entryBytes = setNXBaseline(ctx, t, rdb, size, run+"-setnx", n), size
 		}
-		dropKeys(ctx, t, rdb, roundName(run, r))
+		p := step*r + 1
+		passRuns[p] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, passTopic(run, p), passTopic(run, p))
 		if floors {
 			fp := floorName(run, "fp", r)
 			floorFP[r] = runPassthrough(ctx, t, passBin, brokers, append(floorArgs(), passArgs...), input, end, bound, broker, fp, fp)
@@ -149,8 +164,8 @@ func TestThroughput(t *testing.T) {
 				input, end, bound, broker, set, set)
 			floorSetRedis[r] = redisCPUNow(ctx, t, rdb) - before
 			dropKeys(ctx, t, rdb, set)
+			passRuns[p+1] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, passTopic(run, p+1), passTopic(run, p+1))
 		}
-		passRuns[r+1] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, passTopic(run, r+1), passTopic(run, r+1))
 	}
 
 	// The Kafka Streams peer, when asked for (LOAD_STREAMS=1): its own
@@ -197,18 +212,20 @@ func TestThroughput(t *testing.T) {
 	var floorRatios, floorCPURatios [2][]float64
 	var idemRates []float64
 	for r, ir := range idemRuns {
-		bracket := 2 * float64(n) / (passRuns[r].time + passRuns[r+1].time).Seconds()
-		passConsumer := (passRuns[r].cpu.consumer + passRuns[r+1].cpu.consumer) / 2
+		p := step * r
+		bracket := 2 * float64(n) / (passRuns[p].time + passRuns[p+1].time).Seconds()
 		ratios[r] = rate(ir.time) / bracket
-		cpuRatios[r] = ir.cpu.consumer / passConsumer
+		cpuRatios[r] = cpuRatio(ir.cpu.consumer, passRuns[p], passRuns[p+1])
 		idemRates = append(idemRates, rate(ir.time))
 		t.Logf("round %d: idemstream run (strict, volatile fields, unordered array, Redis %s): %.0f records/s (%v from process start to lag 0), %.2f of passthrough runs %d and %d around it; CPU per record: %s; consumer CPU %.2f × the passthrough's; peak RSS %.0f MB (%.0f / %.0f / %.0f / %.0f MB at 25/50/75/100%% of the backlog)",
-			r+1, redisAddr, rate(ir.time), ir.time.Round(time.Millisecond), ratios[r], r, r+1, ir.cpu.perRecord(n, ir.redisCPU), cpuRatios[r], mb(ir.peak),
+			r+1, redisAddr, rate(ir.time), ir.time.Round(time.Millisecond), ratios[r], p, p+1, ir.cpu.perRecord(n, ir.redisCPU), cpuRatios[r], mb(ir.peak),
 			mb(ir.rssAt[0]), mb(ir.rssAt[1]), mb(ir.rssAt[2]), mb(ir.rssAt[3]))
 		reportStore(t, ir.metrics, n)
 		if !floors {
 			continue
 		}
+		p++
+		bracket = 2 * float64(n) / (passRuns[p].time + passRuns[p+1].time).Seconds()
 		for i, f := range []struct {
 			what  string
 			run   passRun
@@ -218,9 +235,9 @@ func TestThroughput(t *testing.T) {
 			{"the passthrough with a fingerprint and a pipelined SET NX of an entry per record, forwarding first copies only", floorSet[r], floorSetRedis[r]},
 		} {
 			floorRatios[i] = append(floorRatios[i], rate(f.run.time)/bracket)
-			floorCPURatios[i] = append(floorCPURatios[i], f.run.cpu.consumer/passConsumer)
-			t.Logf("round %d: floor %d, %s: %.0f records/s (%v from process start to lag 0), %.2f of passthrough runs %d and %d; CPU per record: %s; consumer CPU %.2f × the passthrough's",
-				r+1, i+1, f.what, rate(f.run.time), f.run.time.Round(time.Millisecond), floorRatios[i][r], r, r+1, f.run.cpu.perRecord(n, f.redis), floorCPURatios[i][r])
+			floorCPURatios[i] = append(floorCPURatios[i], cpuRatio(f.run.cpu.consumer, passRuns[p], passRuns[p+1]))
+			t.Logf("round %d: floor %d, %s: %.0f records/s (%v from process start to lag 0), %.2f of passthrough runs %d and %d around it; CPU per record: %s; consumer CPU %.2f × the passthrough's",
+				r+1, i+1, f.what, rate(f.run.time), f.run.time.Round(time.Millisecond), floorRatios[i][r], p, p+1, f.run.cpu.perRecord(n, f.redis), floorCPURatios[i][r])
 		}
 	}
 	t.Logf("ratio idemstream / passthrough: median %.2f over %d rounds, each to the passthrough runs around it (goal >= 0.70); consumer CPU median %.2f × the passthrough's (goal <= 1.6); median idemstream %.0f records/s; %.2f to the fastest passthrough run",
@@ -278,8 +295,15 @@ func TestThroughput(t *testing.T) {
 		if !floors {
 			break
 		}
-		// The second floor forwards a key's first copy only; a run that
-		// nobody restarted writes each once.
+		// The first floor forwards every record, the second a key's first
+		// copy only (a run that nobody restarted writes each once).
+		fpEnd, err := offsets{client: client, topic: floorName(run, "fp", r)}.end(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sum(fpEnd); got < int64(n) {
+			t.Errorf("floor 1 of round %d wrote %d records of %d", r+1, got, n)
+		}
 		setEnd, err := offsets{client: client, topic: floorName(run, "set", r)}.end(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -426,6 +450,15 @@ func redisCPUNow(ctx context.Context, t *testing.T, rdb *redis.Client) float64 {
 	}
 	fields, _ := parseInfo(info)
 	return serverCPU(fields)
+}
+
+// cpuRatio is consumer CPU seconds against the mean of the passthrough
+// runs a and b, NaN when one of them is unknown.
+func cpuRatio(consumer float64, a, b passRun) float64 {
+	if consumer < 0 || a.cpu.consumer < 0 || b.cpu.consumer < 0 {
+		return math.NaN()
+	}
+	return consumer / ((a.cpu.consumer + b.cpu.consumer) / 2)
 }
 
 // floorName is the output, the group and the Redis prefix of a floor run.

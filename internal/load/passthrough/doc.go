@@ -4,8 +4,7 @@
 // a naive loop is.
 //
 // It decides nothing. A fetching goroutine reads the input as a consumer
-// group and hands batches of up to -batch records (through a stage that
-// copies them out) to a writing goroutine,
+// group and hands batches of up to -batch records to a writing goroutine,
 // which forwards them (key, value and headers as they are) with one
 // kafka.Writer (acks=all, batches of -writer-batch, murmur2 partitioning
 // like idemstream's results) and then commits the batch. Fetching goes on
@@ -22,10 +21,11 @@
 // With --volatile or --unordered it becomes a floor: a stage between the
 // batcher and the writer fingerprints each record under those canonical
 // rules, and with --redis also sets one entry of --entry-bytes per key
-// with a pipelined SET NX PX and forwards only the records whose SET NX
-// wrote. That is the least an idempotent consumer with one entry per key
-// does (no comparison of a replay, no outcome, no completion: at-least-once
-// and no more), so the load run measures where idemstream's goals stand
+// with a pipelined SET NX (expiring after --ttl) and forwards only the
+// records whose SET NX wrote. That is the least an idempotent consumer
+// with one entry per key does (no comparison of a replay, no outcome, no
+// completion, and a crash between a batch's SET NX and its write loses
+// the batch), so the load run measures where idemstream's goals stand
 // against work no design leaves out.
 //
 // SIGTERM or SIGINT stops it: the batch in hand is finished, the group is

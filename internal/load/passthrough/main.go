@@ -30,7 +30,7 @@ type options struct {
 	overlapCommit bool
 
 	// The floor: the least an idempotent consumer does, without any of
-	// idemstream's guarantees past at-least-once.
+	// idemstream's guarantees (see floor).
 	volatile, unordered []string // fingerprint each record under these rules
 	keyHeader           string   // the idempotency key's header
 	redisAddr           string   // SET NX an entry per key here
@@ -77,7 +77,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	volatile := fs.String("volatile", "", "floor: comma-separated JSON Pointers left out of each record's fingerprint (a fingerprint per record when set)")
 	unordered := fs.String("unordered", "", "floor: comma-separated JSON Pointers of arrays fingerprinted as sets")
 	fs.StringVar(&o.keyHeader, "key-header", "Idempotency-Key", "floor: the header that holds a record's idempotency key")
-	fs.StringVar(&o.redisAddr, "redis", "", "floor: host:port of a Redis; a pipelined SET NX of an entry per record, and only first copies forwarded")
+	fs.StringVar(&o.redisAddr, "redis", "", "floor: host:port of a Redis; a pipelined SET NX (with --ttl) of an entry per key, and only first copies forwarded")
 	fs.StringVar(&o.redisPrefix, "redis-prefix", "floor", "floor: the prefix of the entries' names")
 	fs.IntVar(&o.entryBytes, "entry-bytes", 400, "floor: the size of an entry")
 	fs.DurationVar(&o.ttl, "ttl", 10*time.Minute, "floor: the entries' expiry")
@@ -109,6 +109,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("--key-header: required with --redis")
 	case o.redisAddr != "" && o.entryBytes < len("sha256:")+64:
 		return o, fmt.Errorf("--entry-bytes %d: want at least %d, the fingerprint's length", o.entryBytes, len("sha256:")+64)
+	case o.redisAddr != "" && o.redisPrefix == "":
+		return o, errors.New("--redis-prefix: required with --redis")
 	case o.redisAddr != "" && o.ttl <= 0:
 		return o, fmt.Errorf("--ttl %v: want more than 0", o.ttl)
 	}
@@ -130,16 +132,20 @@ func list(s string) []string {
 	return out
 }
 
-// run forwards until ctx ends. Four goroutines: the reader's fetch loop
+// run forwards until ctx ends. Three goroutines: the reader's fetch loop
 // feeds records one by one into a channel (kafka-go has no call that
 // returns what is buffered without blocking), the batcher gathers them and
 // hands a batch over as soon as the next stage is free or the batch is
-// full, the decide stage copies the records out (and, with the floor's
-// flags, fingerprints them and sets their entries), and the writer writes
-// and commits. Under load the writer is always busy,
-// so batches fill up; when the input trickles, a record waits for nothing
-// but the writer.
+// full, and the writer writes and commits. The floor adds a fourth, its
+// decide stage, between the batcher and the writer. Under load the writer
+// is always busy, so batches fill up; when the input trickles, a record
+// waits for nothing but the writer.
 func run(ctx context.Context, o options) error {
+	f, err := newFloor(o)
+	if err != nil {
+		return err
+	}
+	defer f.close()
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers: o.brokers, GroupID: o.group, Topic: o.input,
 		MinBytes: 1, MaxBytes: 16 << 20, MaxWait: o.maxWait,
@@ -159,11 +165,6 @@ func run(ctx context.Context, o options) error {
 	records := make(chan kafka.Message, o.batch)
 	batches := make(chan []kafka.Message)
 	errc := make(chan error, 4)
-	f, err := newFloor(o)
-	if err != nil {
-		return err
-	}
-	defer f.close()
 
 	go func() {
 		defer close(records)
@@ -219,29 +220,46 @@ func run(ctx context.Context, o options) error {
 			}
 		}
 	}()
-	// The decide stage: with the floor's flags it fingerprints each record
-	// and sets the entries of a batch while the batch before is written.
+	// The floor's decide stage fingerprints each record and sets the
+	// entries of a batch while the batch before is written. The plain
+	// passthrough has no such stage: it copies in the writer, so that
+	// under a trickle a batch waits for nothing but the writer.
 	forwards := make(chan forward)
-	go func() {
-		defer close(forwards)
-		for batch := range batches {
-			out, err := f.decide(work, batch)
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case forwards <- forward{out: out, commit: batch}:
-			case <-work.Done():
-				return
-			}
+	next := func() (forward, bool) {
+		fw, ok := <-forwards
+		return fw, ok
+	}
+	if f.canon == nil {
+		next = func() (forward, bool) {
+			batch, ok := <-batches
+			return forward{out: copyOut(batch, nil), commit: batch}, ok
 		}
-	}()
+	} else {
+		go func() {
+			defer close(forwards)
+			for batch := range batches {
+				out, err := f.decide(work, batch)
+				if err != nil {
+					errc <- err
+					return
+				}
+				select {
+				case forwards <- forward{out: out, commit: batch}:
+				case <-work.Done():
+					return
+				}
+			}
+		}()
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer func() { close(commits); <-committed }()
-		for fw := range forwards {
+		for {
+			fw, ok := next()
+			if !ok {
+				return
+			}
 			out, batch := fw.out, fw.commit
 			if err := w.WriteMessages(work, out...); err != nil {
 				errc <- fmt.Errorf("write %d records to %s: %w", len(out), o.output, err)
@@ -283,9 +301,10 @@ type forward struct{ out, commit []kafka.Message }
 // floor is the least an idempotent consumer does: a fingerprint of each
 // record's canonical form and, with a Redis, one pipelined SET NX of an
 // entry per key, forwarding only the records whose SET NX wrote. It
-// compares no fingerprints, records no outcome and completes nothing, so
-// it promises at-least-once and no more; it is there to show what the
-// fingerprint and the store's first write cost on their own.
+// compares no fingerprints, records no outcome and completes nothing, and
+// it sets a batch's entries before the batch is written, so a crash in
+// between loses those records: it promises nothing and is there to show
+// what the fingerprint and the store's first write cost on their own.
 type floor struct {
 	canon     *dedupe.Canonicalizer // nil: a plain passthrough
 	rdb       *redis.Client         // nil: fingerprints only
@@ -344,14 +363,19 @@ func (f *floor) decide(ctx context.Context, batch []kafka.Message) ([]kafka.Mess
 			return nil, fmt.Errorf("redis: SET NX of %d entries: %w", n, err)
 		}
 	}
+	return copyOut(batch, func(i int) bool { return set == nil || set[i] == nil || set[i].Val() }), nil
+}
+
+// copyOut copies the records of batch that keep (nil: all) keeps into
+// the messages a Writer takes.
+func copyOut(batch []kafka.Message, keep func(i int) bool) []kafka.Message {
 	out := make([]kafka.Message, 0, len(batch))
 	for i, m := range batch {
-		if set != nil && set[i] != nil && !set[i].Val() {
-			continue // a replay
+		if keep == nil || keep(i) {
+			out = append(out, kafka.Message{Key: m.Key, Value: m.Value, Headers: m.Headers})
 		}
-		out = append(out, kafka.Message{Key: m.Key, Value: m.Value, Headers: m.Headers})
 	}
-	return out, nil
+	return out
 }
 
 func header(m kafka.Message, name string) string {

@@ -44,6 +44,7 @@ func TestParseRefusesABadFloor(t *testing.T) {
 		{append(ok[:len(ok):len(ok)], "--redis", "127.0.0.1:6379", "--entry-bytes", "70"), "--entry-bytes"},
 		{append(ok[:len(ok):len(ok)], "--redis", "127.0.0.1:6379", "--key-header", ""), "--key-header"},
 		{append(ok[:len(ok):len(ok)], "--redis", "127.0.0.1:6379", "--ttl", "0s"), "--ttl"},
+		{append(ok[:len(ok):len(ok)], "--redis", "127.0.0.1:6379", "--redis-prefix", ""), "--redis-prefix"},
 	} {
 		_, err := parse(c.args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
