@@ -147,9 +147,10 @@ func TestThroughput(t *testing.T) {
 		size := entrySize(ctx, t, rdb, roundName(run, r))
 		dropKeys(ctx, t, rdb, roundName(run, r))
 		if r == rounds-1 {
-			// On the store as the rounds after the first found it: the
-			// round's keys deleted. With them still there the baseline
-			// took the keyspace past 2^19 and paid for the rehash.
+			// After the round's keys are deleted: with them still there
+			// the baseline wrote into a keyspace it took past 2^19, which
+			// no round does. (Its n keys still grow the table once more
+			// than a round's keys do.)
 			baselineCPU, entryBytes = setNXBaseline(ctx, t, rdb, size, run+"-setnx", n), size
 		}
 		p := step*r + 1
@@ -232,7 +233,7 @@ func TestThroughput(t *testing.T) {
 			redis float64
 		}{
 			{"the passthrough with a fingerprint of each record", floorFP[r], -1},
-			{"the passthrough with a fingerprint and a pipelined SET NX of an entry per record, forwarding first copies only", floorSet[r], floorSetRedis[r]},
+			{"the passthrough with a fingerprint and a pipelined SET NX of an entry per key, forwarding first copies only", floorSet[r], floorSetRedis[r]},
 		} {
 			floorRatios[i] = append(floorRatios[i], rate(f.run.time)/bracket)
 			floorCPURatios[i] = append(floorCPURatios[i], cpuRatio(f.run.cpu.consumer, passRuns[p], passRuns[p+1]))

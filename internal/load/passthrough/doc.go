@@ -18,7 +18,7 @@
 //
 //	passthrough --brokers HOST:PORT --input T --output T --group G
 //
-// With --volatile or --unordered it becomes a floor: a stage between the
+// With --volatile, --unordered or --redis it becomes a floor: a stage between the
 // batcher and the writer fingerprints each record under those canonical
 // rules, and with --redis also sets one entry of --entry-bytes per key
 // with a pipelined SET NX (expiring after --ttl) and forwards only the

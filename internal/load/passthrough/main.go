@@ -132,9 +132,10 @@ func list(s string) []string {
 	return out
 }
 
-// run forwards until ctx ends. Three goroutines: the reader's fetch loop
-// feeds records one by one into a channel (kafka-go has no call that
-// returns what is buffered without blocking), the batcher gathers them and
+// run forwards until ctx ends. Three goroutines besides the committer
+// that --overlap-commit uses: the reader's fetch loop feeds records one by
+// one into a channel (kafka-go has no call that returns what is buffered
+// without blocking), the batcher gathers them and
 // hands a batch over as soon as the next stage is free or the batch is
 // full, and the writer writes and commits. The floor adds a fourth, its
 // decide stage, between the batcher and the writer. Under load the writer
