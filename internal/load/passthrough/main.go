@@ -37,6 +37,7 @@ type options struct {
 	redisPrefix         string
 	entryBytes          int
 	ttl                 time.Duration
+	canon               *dedupe.Canonicalizer // built by parse from volatile and unordered when fingerprints
 }
 
 // fingerprints says whether the options ask for a fingerprint per record.
@@ -115,7 +116,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("--ttl %v: want more than 0", o.ttl)
 	}
 	if o.fingerprints() {
-		if _, err := dedupe.NewCanonicalizer(dedupe.CanonicalRules{Volatile: o.volatile, Unordered: o.unordered}); err != nil {
+		var err error
+		if o.canon, err = dedupe.NewCanonicalizer(dedupe.CanonicalRules{Volatile: o.volatile, Unordered: o.unordered}); err != nil {
 			return o, fmt.Errorf("--volatile, --unordered: %w", err)
 		}
 	}
@@ -135,17 +137,14 @@ func list(s string) []string {
 // run forwards until ctx ends. Three goroutines besides the committer
 // that --overlap-commit uses: the reader's fetch loop feeds records one by
 // one into a channel (kafka-go has no call that returns what is buffered
-// without blocking), the batcher gathers them and
-// hands a batch over as soon as the next stage is free or the batch is
-// full, and the writer writes and commits. The floor adds a fourth, its
-// decide stage, between the batcher and the writer. Under load the writer
-// is always busy, so batches fill up; when the input trickles, a record
-// waits for nothing but the writer.
+// without blocking), the batcher gathers them and hands a batch over as
+// soon as the next stage is free or the batch is full, and the writer
+// writes and commits. The floor adds a fourth, its decide stage, between
+// the batcher and the writer. Under load the writer is always busy, so
+// batches fill up; when the input trickles, a record waits for nothing but
+// the writer.
 func run(ctx context.Context, o options) error {
-	f, err := newFloor(o)
-	if err != nil {
-		return err
-	}
+	f := newFloor(o)
 	defer f.close()
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers: o.brokers, GroupID: o.group, Topic: o.input,
@@ -281,6 +280,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}()
 
+	var err error
 	select {
 	case <-done:
 	case err = <-errc:
@@ -315,20 +315,15 @@ type floor struct {
 	ttl       time.Duration
 }
 
-func newFloor(o options) (*floor, error) {
-	f := &floor{keyHeader: o.keyHeader, prefix: o.redisPrefix, ttl: o.ttl}
-	if !o.fingerprints() {
-		return f, nil
-	}
-	var err error
-	if f.canon, err = dedupe.NewCanonicalizer(dedupe.CanonicalRules{Volatile: o.volatile, Unordered: o.unordered}); err != nil {
-		return nil, fmt.Errorf("--volatile, --unordered: %w", err)
-	}
+// newFloor is the floor o asks for (a plain passthrough's when none); o
+// comes from parse.
+func newFloor(o options) *floor {
+	f := &floor{canon: o.canon, keyHeader: o.keyHeader, prefix: o.redisPrefix, ttl: o.ttl}
 	if o.redisAddr != "" {
 		f.rdb = redis.NewClient(&redis.Options{Addr: o.redisAddr})
 		f.pad = strings.Repeat("x", o.entryBytes-len("sha256:")-64)
 	}
-	return f, nil
+	return f
 }
 
 func (f *floor) close() {

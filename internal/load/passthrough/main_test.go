@@ -63,10 +63,7 @@ func TestFloorForwardsFirstCopiesOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := newFloor(o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := newFloor(o)
 	defer f.close()
 	rec := func(key, value string) kafka.Message {
 		m := kafka.Message{Value: []byte(value)}
