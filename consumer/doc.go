@@ -194,6 +194,23 @@
 //   - Redis keeps every acknowledged write (appendonly yes, appendfsync
 //     always, or acknowledgement by replicas). A store that forgets an entry
 //     forgets that the key was seen. redisstore's durability tests.
+//     Acknowledgement by a replica holds only while no failover promotes a
+//     replica that never synced: Sentinel's choice does not look at that,
+//     so a node that comes back empty must not be promotable (replica-
+//     priority 0, or persistence) and down-after-milliseconds must outlast
+//     any stall (docs/operations.md, "A master without persistence";
+//     TestSentinelFailoverKeepsDecisionsWithReplicaAcks, whose CI run lost
+//     2,400 decisions to such a second failover before it set both).
+//   - A store that loses its data as a whole (FLUSHALL, a restart without
+//     persistence, an empty replica promoted, a Cluster node restored
+//     empty) is noticed, not trusted: every round trip that decides or
+//     completes reads the store's generation marker behind its writes, and
+//     one that does not read it back fails with dedupe.ErrStoreForgot,
+//     which pauses every partition until an operator accepts the loss or
+//     the longest window has passed (redisstore, "A store that forgot").
+//     A loss while no member of this release runs, or of the last writes
+//     only, is not seen. TestRunStopsDecidingAfter* (cmd/idemstream) on
+//     the real broker with a standalone, a Sentinel and a Cluster store.
 //   - A PENDING entry is kept dedupe.PendingRetention (a day) past its lease:
 //     a group stopped for longer and its records then read again may decide
 //     such a key first without a scan. storetest PendingOutlivesItsWindow

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"runtime"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -43,6 +44,13 @@ type Metrics struct {
 	// the server does not answer keeps the last verdict); absent when nothing is
 	// checked (a memory store, check_server: false). No labels.
 	storeSettingsOK *prometheus.GaugeVec
+
+	// storeForgot is 1 while the store is known to have lost decisions
+	// it had made (see redisstore, "A store that forgot"): nothing is
+	// decided until an operator accepts the loss or the longest window
+	// has passed. It reads forgotOf (0 without a store that can tell).
+	storeForgot prometheus.GaugeFunc
+	forgotOf    atomic.Pointer[forgottenStore]
 
 	// storeReplicaAckFailures counts store calls whose writes too few
 	// replicas acknowledged in time (store.redis.min_replicas); each is
@@ -89,9 +97,11 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 		storeSettingsOK: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "store_settings_ok",
 			Help: "1 while the last check of the Redis settings (store.redis.check_server) passed, 0 while it refused them or none has run to a verdict."}, nil),
 	}
+	m.storeForgot = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "store_forgot",
+		Help: "1 while the store is known to have lost decisions it had made: nothing is decided until `idemstream store accept-loss` or the longest window has passed."}, m.forgot)
 	for _, c := range []prometheus.Collector{m.records, m.dlqRecords, m.lenientMismatch, m.lag, m.decisionSeconds,
 		m.storeSeconds, m.storeErrors, m.storeReplicaAckFailures, m.rebalances, m.inflight, m.buildInfo, m.repliesSkipped, m.scanFloorTruncated, m.batchesAbandoned,
-		m.commitErrors, m.recordsTrimmed, m.storeSettingsOK} {
+		m.commitErrors, m.recordsTrimmed, m.storeSettingsOK, m.storeForgot} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -125,4 +135,19 @@ func (m *Metrics) initPipeline(name string, reasons []string) {
 	for _, op := range []string{"decide", "complete"} {
 		m.storeReplicaAckFailures.WithLabelValues(op)
 	}
+}
+
+// forgottenStore is what idemstream_store_forgot reads: a store that can
+// tell it lost decisions (redisstore).
+type forgottenStore interface{ Forgot() error }
+
+// watchForgot makes idemstream_store_forgot report store.
+func (m *Metrics) watchForgot(store forgottenStore) { m.forgotOf.Store(&store) }
+
+// forgot is idemstream_store_forgot's value.
+func (m *Metrics) forgot() float64 {
+	if f := m.forgotOf.Load(); f != nil && (*f).Forgot() != nil {
+		return 1
+	}
+	return 0
 }

@@ -109,6 +109,9 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 	// A failed NewService leaves nothing behind: the same registry may be
 	// used again.
 	fail := func(err error) (*Service, error) { reg.undo(); return nil, errors.Join(err, closeStore()) }
+	if f, ok := rawStore.(forgottenStore); ok && metrics != nil {
+		metrics.watchForgot(f)
+	}
 	store := instrumentStore(rawStore, metrics)
 	var io Broker = writer
 	if o.WrapBroker != nil {
@@ -214,6 +217,11 @@ func (s *Service) Ready(ctx context.Context) []string {
 	if err := s.probe.check(ctx); err != nil {
 		problems = append(problems, "store: "+err.Error())
 	}
+	if f, ok := s.store.(forgottenStore); ok {
+		if err := f.Forgot(); err != nil {
+			problems = append(problems, "store: "+err.Error())
+		}
+	}
 	if ra, ok := s.store.(interface{ ReplicaAckError() error }); ok {
 		if err := ra.ReplicaAckError(); err != nil {
 			problems = append(problems, "store writes not acknowledged by replicas: "+err.Error())
@@ -263,7 +271,8 @@ func OpenStore(cfg *schemas.Config, getenv func(string) string) (store dedupe.St
 		if err != nil {
 			return nil, nil, &schemas.FieldError{Field: "store.redis", Msg: err.Error()}
 		}
-		return redisstore.New(client, r.Prefix, redisstore.WithReplicas(r.MinReplicas, r.ReplicaTimeout.D())), client.Close, nil
+		return redisstore.New(client, r.Prefix, redisstore.WithReplicas(r.MinReplicas, r.ReplicaTimeout.D()),
+			redisstore.WithForgetHold(cfg.LongestWindow())), client.Close, nil
 	}
 	return nil, nil, &schemas.FieldError{Field: "store.kind", Msg: fmt.Sprintf("unknown store %q", cfg.Store.Kind)}
 }

@@ -40,6 +40,15 @@ var (
 	// the same owner token is safe).
 	ErrNotReplicated = fmt.Errorf("%w: write not acknowledged by replicas", ErrStoreUnavailable)
 
+	// ErrStoreForgot is a store that lost decisions it had made (a
+	// FLUSHALL, a restart without persistence, a failover onto a replica
+	// that never synced, a node restored empty): deciding on it would
+	// decide first again keys already answered, so nothing is decided
+	// until an operator accepts the loss or the window has passed. It
+	// wraps ErrStoreUnavailable: the records stay undecided and the
+	// partition pauses.
+	ErrStoreForgot = fmt.Errorf("%w: the store forgot decisions it had made", ErrStoreUnavailable)
+
 	// ErrFenced is returned for a completion whose owner token no longer
 	// owns the key: another worker took the lease over. The stale owner
 	// must drop its work without committing offsets.

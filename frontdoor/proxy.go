@@ -92,6 +92,13 @@ func (p *Proxy) Ready(ctx context.Context) error {
 	if _, _, err := p.store.Lookup(ctx, "idemstream-readyz", "probe"); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
+	// A store that forgot decisions refuses every decision until the loss
+	// is accepted or has aged out of the window.
+	if f, ok := p.store.(interface{ Forgot() error }); ok {
+		if err := f.Forgot(); err != nil {
+			return fmt.Errorf("store: %w", err)
+		}
+	}
 	// A store that decides but cannot keep answers (a Redis before 7.0
 	// refuses SET NX GET) would refuse every guarded request.
 	if _, err := p.store.KeepFirst(ctx, "idemstream-readyz", "probe", []byte("1"), time.Minute); err != nil {

@@ -160,6 +160,22 @@ func (c *Config) ConsumerGroup(p Pipeline) string {
 	return c.Kafka.Group + "." + p.Name
 }
 
+// LongestWindow is the longest window of the pipelines and routes: how
+// long after its store forgot its decisions every entry the loss took
+// would have ended anyway (the store's forget hold).
+func (c *Config) LongestWindow() time.Duration {
+	var w time.Duration
+	for _, p := range c.Pipelines {
+		w = max(w, p.Window.D())
+	}
+	if c.HTTP != nil {
+		for _, r := range c.HTTP.Routes {
+			w = max(w, r.Window.D())
+		}
+	}
+	return w
+}
+
 // Pipeline returns the pipeline called name.
 func (c *Config) Pipeline(name string) (Pipeline, error) {
 	names := make([]string, 0, len(c.Pipelines))

@@ -9,6 +9,7 @@
 //	idemstream diff     -c FILE [--pipeline NAME] [-o text|json] A B
 //	idemstream contract -c FILE [-o markdown|asyncapi]
 //	idemstream inspect  -c FILE [--pipeline NAME] [-o text|json] KEY
+//	idemstream store    status -c FILE [-o text|json] | accept-loss -c FILE --yes
 //	idemstream audit    -b BROKERS -t TOPIC [-c FILE] [-o text|json] [--suggest FILE]
 //	idemstream version  (or --version)
 //

@@ -63,6 +63,7 @@ func init() {
 		{"diff", "print the JSON Pointers where two payloads differ", cmdDiff},
 		{"contract", "render the client-facing idempotency contract", cmdContract},
 		{"inspect", "print the stored state of one key", cmdInspect},
+		{"store", "status: whether the store still holds its decisions; accept-loss: decide again after it forgot", cmdStore},
 		{"validate", "check a configuration (and with --check-servers its Kafka topics and Redis) without running", cmdValidate},
 		{"proxy", "serve the http section's routes idempotently in front of their upstream", cmdProxy},
 		{"audit", "read a command topic and show what \"the same request\" means in it", cmdAudit},

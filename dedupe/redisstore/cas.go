@@ -159,6 +159,13 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 	// appendfsync always Redis fsyncs for every 16 KiB it reads from a
 	// client before it answers, and a SET … IFEQ carries its entry twice.
 	chunkErrs := make([]error, (len(sets)+casChunk-1)/casChunk)
+	// Each chunk reads the marker behind its writes, on its connection.
+	markers := make([]*redis.StringCmd, len(chunkErrs))
+	var want string
+	for c := range markers {
+		_, _, gets, w := s.markerGets(ctx, names[:1], nil)
+		markers[c], want = gets[0], w
+	}
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range min(watchParallel, len(chunkErrs)) {
@@ -169,6 +176,7 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 					for _, cmd := range chunk {
 						_ = p.Process(ctx, cmd)
 					}
+					_ = p.Process(ctx, markers[c])
 					return nil
 				})
 			}
@@ -179,6 +187,9 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 	}
 	close(next)
 	wg.Wait()
+	if err := s.checkMarkers(ctx, want, markers); err != nil {
+		return nil, err
+	}
 	// Each SET answers for itself: OK, written; nil, the entry changed
 	// since the read (or is gone), and complete.lua decides its
 	// completions again on what it finds; refused for its syntax (a

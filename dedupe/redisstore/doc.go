@@ -101,6 +101,24 @@
 // error: the write was made but is no decision, the partition pauses, and
 // the retry under the same owner token resumes the same keys.
 //
+// # A store that forgot
+//
+// Redis can lose its data behind the store's back (FLUSHALL, a restart
+// without persistence, a failover onto a replica that never synced, a
+// Cluster node restored empty), and a store that decided on would decide
+// first again every key it lost. So the store keeps a generation marker
+// where the decisions live, one string without expiry under the prefix:
+// <prefix>:marker, or on a Cluster one per hash slot,
+// <prefix>:marker:{N} with N a tag of that slot (marker.go). The first
+// call arms it (SET NX: stores arming at once arm one generation). Every
+// round trip that decides, renews or completes carries a GET of the
+// marker of each slot it writes to, behind the writes and on the same
+// connection; an answer other than the armed value fails the call with
+// dedupe.ErrStoreForgot (retryable: the records stay undecided), records
+// the loss in the markers for every store to see (Forgot reports it), and
+// holds every call until AcceptLoss arms a new generation or the hold
+// (WithForgetHold, the longest window) has passed on the server's clock.
+//
 // CheckServer reads the settings of every master at start and refuses
 // those that lose state silently: an eviction policy (every entry has a
 // TTL, so volatile-* policies evict them too), appendonly no without

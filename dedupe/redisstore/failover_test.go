@@ -58,6 +58,11 @@ func streamAndRetry(t *testing.T, s *redisstore.Store, fault func(partitioned *a
 			if err == nil {
 				return
 			}
+			if errors.Is(err, dedupe.ErrStoreForgot) {
+				// Deciding on would decide first again what the store
+				// lost: the fault was not the one planned.
+				t.Fatalf("%s: %v", what, err)
+			}
 			if errors.Is(err, dedupe.ErrNotReplicated) {
 				unacked.Add(1)
 			}
@@ -153,18 +158,31 @@ type sentinelFailover struct {
 	master, replica *testenv.RedisServer
 	proxy           *testenv.ReplicationProxy
 	sentinels       []string
+	watch           *testenv.RedisWatch
 }
 
 func startSentinelFailover(t *testing.T) *sentinelFailover {
 	t.Helper()
 	f := &sentinelFailover{}
-	f.master = testenv.StartRedis(t, testenv.RedisConfig{})
+	// The old master comes back empty (no persistence) and rejoins as a
+	// replica: with replica-priority 0 no Sentinel ever promotes it. A
+	// Sentinel that takes the promoted master for down (a second of load
+	// is enough with down-after 1 s) would otherwise promote the empty
+	// node and have the master resync from it (docs/operations.md).
+	f.master = testenv.StartRedis(t, testenv.RedisConfig{Args: []string{"--replica-priority", "0"}})
 	f.proxy = testenv.StartReplicationProxy(t, f.master.Addr)
 	// Sentinel sets a replica's replicaof to the address it monitors:
 	// both are the proxy.
 	f.replica = testenv.StartRedisReplica(t, f.proxy.Addr, testenv.RedisConfig{})
 	f.sentinels = testenv.StartRedisSentinels(t, f.proxy.Addr, 3, 2)
 	f.waitReplicasSeen(t)
+	f.watch = testenv.WatchRedis(t, "mymaster", f.sentinels, "master", f.master.Addr, "replica", f.replica.Addr)
+	t.Cleanup(func() {
+		if t.Failed() {
+			f.watch.Stop()
+			t.Log(f.watch.Report())
+		}
+	})
 	return f
 }
 
@@ -190,15 +208,32 @@ func (f *sentinelFailover) waitReplicasSeen(t *testing.T) {
 	}
 }
 
+// planned fails the test as "fault not injected" unless the run saw the
+// one failover it planned: every Sentinel switched the master once, to
+// the replica.
+func (f *sentinelFailover) planned(t *testing.T) {
+	t.Helper()
+	for _, a := range f.sentinels {
+		if n := testenv.Failovers(a); n != 1 {
+			t.Fatalf("fault not injected as planned: Sentinel %s saw %d failovers, want 1", a, n)
+		}
+	}
+	if info, err := testenv.RedisCommand(f.replica.Addr, "INFO", "replication"); err != nil || !strings.Contains(info, "role:master") {
+		t.Fatalf("fault not injected as planned: the replica is not the master at the end: %.200s %v", info, err)
+	}
+}
+
 // fault cuts the link, keeps deciding for two seconds, kills the master,
 // waits for the promotion and brings an empty host back at the old
 // address.
 func (f *sentinelFailover) fault(t *testing.T) func(partitioned *atomic.Bool) {
 	return func(partitioned *atomic.Bool) {
 		f.proxy.Partition()
+		f.watch.Mark("replication link partitioned")
 		time.Sleep(failoverPartition)
 		f.master.Kill()
 		f.proxy.Cut()
+		f.watch.Mark("master killed, link cut")
 		partitioned.Store(false)
 		// Every Sentinel must know of the promotion before the old
 		// master's address answers again: one that does not still takes
@@ -222,6 +257,7 @@ func (f *sentinelFailover) fault(t *testing.T) func(partitioned *atomic.Bool) {
 			}
 			sc.Close()
 		}
+		f.watch.Mark("every Sentinel names the replica master; restarting the old master empty")
 		f.master.Start() // empty: no AOF, no snapshot
 	}
 }
@@ -251,6 +287,7 @@ func TestSentinelFailoverLosesDecisionsWithoutReplicaAcks(t *testing.T) {
 	f := startSentinelFailover(t)
 	s := redisstore.New(sentinelClient(t, f.sentinels, 0), freshPrefix())
 	run := streamAndRetry(t, s, f.fault(t))
+	f.planned(t)
 	t.Logf("min_replicas 0, Sentinel failover after a %s partition: %d of %d keys decided first again (%d decided during the partition, %d completions fenced); lost: %s",
 		failoverPartition, run.second, run.committed, run.duringFault, run.fenced, run.lostRange())
 	if run.second == 0 {
@@ -268,6 +305,7 @@ func TestSentinelFailoverKeepsDecisionsWithReplicaAcks(t *testing.T) {
 	const timeout = 500 * time.Millisecond
 	s := redisstore.New(sentinelClient(t, f.sentinels, timeout), freshPrefix(), redisstore.WithReplicas(1, timeout))
 	run := streamAndRetry(t, s, f.fault(t))
+	f.planned(t)
 	t.Logf("min_replicas 1, Sentinel failover after a %s partition: %d of %d keys decided first again; %d store calls refused as unacknowledged, %d completions fenced",
 		failoverPartition, run.second, run.committed, run.unacknowledged, run.fenced)
 	if run.second != 0 || run.fenced != 0 {

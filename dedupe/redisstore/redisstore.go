@@ -52,6 +52,8 @@ type Store struct {
 	cas    atomic.Int32 // a casState
 	// What the SET NX of Decide wrote, for completeCAS (written.go).
 	written written
+	// The generation marker the store decides under (marker.go).
+	gen generation
 }
 
 // New returns a Store that names its keys under prefix.
@@ -99,6 +101,9 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 			return nil, err
 		}
 		names[i] = s.redisKey(r.Namespace, r.Key)
+	}
+	if err := s.ready(ctx); err != nil {
+		return nil, err
 	}
 	// A renewal must not create an entry: no SET NX for it. Nor does a
 	// Cluster take the SET NX path: its entries carry absolute times (the
@@ -442,6 +447,9 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 	for i, c := range comps {
 		names[i] = s.redisKey(c.Namespace, c.Key)
 	}
+	if err := s.ready(ctx); err != nil {
+		return nil, err
+	}
 	// With replica acknowledgement every call goes to the script: one
 	// WAIT per node behind it, and a retry rewrites what it finds already
 	// done, so that its WAIT covers the write a failed attempt made.
@@ -663,6 +671,7 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 	if beforeExec != nil {
 		beforeExec(names)
 	}
+	_, _, gets, want := s.markerGets(ctx, names[:1], nil)
 	cmds, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for _, i := range order {
 			e := latest[names[i]]
@@ -670,8 +679,16 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 			buf = appendEntry(buf, e)
 			p.Do(ctx, "SET", mget[1+i], buf[start:len(buf):len(buf)], "PXAT", e.RetainUntil().UnixMilli())
 		}
+		_ = p.Process(ctx, gets[0])
 		return nil
 	})
+	if err == nil {
+		// The writes are made; a marker that does not read the armed
+		// value makes them no completion.
+		if merr := s.checkMarkers(ctx, want, gets); merr != nil {
+			return merr
+		}
+	}
 	if err == nil || errors.Is(err, redis.TxFailedErr) || redis.IsExecAbortError(err) {
 		armed = false
 	}
@@ -791,6 +808,9 @@ func (s *Store) runGroups(ctx context.Context, op string, script *redis.Script, 
 			sent[g], routes[g] = cmds[g], keys[0]
 		}
 		execErr, ackErr := s.roundTrip(ctx, op, routes, sent)
+		if isMarkerFailure(execErr) {
+			return execErr
+		}
 		if ackErr != nil && (execErr == nil || redis.HasErrorPrefix(execErr, "NOSCRIPT")) {
 			// Made but not acknowledged: no item of the call is decided.
 			return ackErr
@@ -872,6 +892,8 @@ func (s *Store) loadScript(ctx context.Context, script *redis.Script) error {
 func classify(op string, err error) error {
 	var netErr net.Error
 	switch {
+	case isMarkerFailure(err), errors.Is(err, dedupe.ErrStoreForgot):
+		return err
 	case errors.Is(err, context.Canceled):
 		return fmt.Errorf("%s: %w", op, err)
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr),

@@ -111,6 +111,24 @@ func (s *Store) roundTrip(ctx context.Context, op string, keys []string, cmds []
 // records their outcome once (see roundTrips), so that a late success
 // does not hide an earlier shortfall.
 func (s *Store) sendAndWait(ctx context.Context, op string, keys []string, cmds []redis.Cmder) (execErr, ackErr error, acked bool) {
+	if !guards(op) {
+		return s.send(ctx, op, keys, cmds)
+	}
+	keys, cmds, gets, want := s.markerGets(ctx, keys, cmds)
+	execErr, ackErr, acked = s.send(ctx, op, keys, cmds)
+	if err := s.checkMarkers(ctx, want, gets); err != nil {
+		if execErr != nil && !errors.Is(execErr, redis.Nil) && !errors.Is(err, dedupe.ErrStoreForgot) {
+			// The markers were not read: the round trip's own error is
+			// the cause, but a failure it must stay.
+			return markerFailure{classify(op, execErr)}, ackErr, false
+		}
+		return err, nil, false
+	}
+	return execErr, ackErr, acked
+}
+
+// send is sendAndWait without the markers.
+func (s *Store) send(ctx context.Context, op string, keys []string, cmds []redis.Cmder) (execErr, ackErr error, acked bool) {
 	if !s.waits(op) {
 		pipe := s.client.Pipeline()
 		for _, c := range cmds {

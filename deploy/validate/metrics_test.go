@@ -26,6 +26,7 @@ func TestMetricsAsDocumented(t *testing.T) {
 		"idemstream_inflight_records":          {dto.MetricType_GAUGE, []string{"pipeline"}},
 		"idemstream_build_info":                {dto.MetricType_GAUGE, []string{"go_version", "version"}},
 		"idemstream_store_settings_ok":         {dto.MetricType_GAUGE, nil},
+		"idemstream_store_forgot":              {dto.MetricType_GAUGE, nil},
 	}
 	got := registered(t)
 	for name, w := range want {

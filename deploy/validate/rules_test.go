@@ -97,7 +97,7 @@ func TestRules(t *testing.T) {
 			t.Errorf("no recording rule %s", rec)
 		}
 	}
-	for _, a := range []string{"IdemstreamInstanceDown", "IdemstreamStoreErrors", "IdemstreamLagHigh", "IdemstreamLagGrowing",
+	for _, a := range []string{"IdemstreamInstanceDown", "IdemstreamStoreErrors", "IdemstreamStoreForgot", "IdemstreamLagHigh", "IdemstreamLagGrowing",
 		"IdemstreamDLQBurst", "IdemstreamConflictSpike"} {
 		if !have[a] {
 			t.Errorf("no alert %s", a)

@@ -355,6 +355,7 @@ func startSentinel(t testing.TB, bin, conf, dir string, port int) string {
 		}
 	})
 	addr := "127.0.0.1:" + strconv.Itoa(port)
+	sentinelDirs.Store(addr, dir)
 	deadline := time.Now().Add(10 * time.Second)
 	for ping(addr) != nil {
 		if time.Now().After(deadline) {

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -60,8 +61,9 @@ func WaitRedisInfo(t testing.TB, addr, want string, within time.Duration) {
 }
 
 // RedisCommand sends one command in RESP and returns the reply as text:
-// a bulk string's content, an integer's digits, an error as an error. It
-// needs no client library; arrays are not read.
+// a bulk string's content, an integer's digits, an error as an error, an
+// array's elements one per line (nested arrays flattened). It needs no
+// client library.
 func RedisCommand(addr string, args ...string) (string, error) {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
@@ -77,15 +79,19 @@ func RedisCommand(addr string, args ...string) (string, error) {
 	if _, err := c.Write(b.Bytes()); err != nil {
 		return "", err
 	}
-	var line []byte
-	one := make([]byte, 1)
-	for !bytes.HasSuffix(line, []byte("\r\n")) {
-		if _, err := c.Read(one); err != nil {
-			return "", err
-		}
-		line = append(line, one[0])
+	return readReply(bufio.NewReader(c))
+}
+
+// readReply reads one RESP2 reply as RedisCommand returns it.
+func readReply(r *bufio.Reader) (string, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
 	}
-	body := string(line[1 : len(line)-2])
+	if len(line) < 3 || !strings.HasSuffix(line, "\r\n") {
+		return "", fmt.Errorf("unsupported reply %q", line)
+	}
+	body := line[1 : len(line)-2]
 	switch line[0] {
 	case '+', ':':
 		return body, nil
@@ -97,10 +103,24 @@ func RedisCommand(addr string, args ...string) (string, error) {
 			return "", err
 		}
 		buf := make([]byte, n+2)
-		if _, err := io.ReadFull(c, buf); err != nil {
+		if _, err := io.ReadFull(r, buf); err != nil {
 			return "", err
 		}
 		return string(buf[:n]), nil
+	case '*':
+		n, err := strconv.Atoi(body)
+		if err != nil || n < 0 {
+			return "", err
+		}
+		items := make([]string, 0, n)
+		for range n {
+			item, err := readReply(r)
+			if err != nil {
+				return "", err
+			}
+			items = append(items, item)
+		}
+		return strings.Join(items, "\n"), nil
 	}
 	return "", fmt.Errorf("unsupported reply %q", line)
 }
@@ -385,6 +405,55 @@ func waitClusterOK(t testing.TB, addr string, within time.Duration) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("redis cluster node %s not ok: %s %v", addr, info, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// StartRedisClusterNodes starts a Redis Cluster of three masters without
+// replicas and returns their handles: a node killed and started again
+// keeps its nodes.conf, and so its slots, but no data (no persistence),
+// which is a node restored empty. cluster-node-timeout is one second.
+func StartRedisClusterNodes(t testing.TB) []*RedisServer {
+	t.Helper()
+	var nodes []*RedisServer
+	buses := map[*RedisServer]int{}
+	for range 3 {
+		bus := freePort(t)
+		n := StartRedis(t, RedisConfig{Args: []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "1000", "--cluster-port", strconv.Itoa(bus)}})
+		buses[n] = bus
+		nodes = append(nodes, n)
+	}
+	first := nodes[0]
+	for _, n := range nodes[1:] {
+		if _, err := RedisCommand(n.Addr, "CLUSTER", "MEET", "127.0.0.1", strconv.Itoa(first.port), strconv.Itoa(buses[first])); err != nil {
+			t.Fatalf("cluster meet from %s: %v", n.Addr, err)
+		}
+	}
+	for i, r := range [][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}} {
+		if _, err := RedisCommand(nodes[i].Addr, "CLUSTER", "ADDSLOTSRANGE", strconv.Itoa(r[0]), strconv.Itoa(r[1])); err != nil {
+			t.Fatalf("cluster addslotsrange on %s: %v", nodes[i].Addr, err)
+		}
+	}
+	for _, n := range nodes {
+		WaitClusterOK(t, n.Addr, 3, 30*time.Second)
+	}
+	return nodes
+}
+
+// WaitClusterOK waits until the node at addr reports cluster_state:ok and
+// knows nodes nodes.
+func WaitClusterOK(t testing.TB, addr string, nodes int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		info, err := RedisCommand(addr, "CLUSTER", "INFO")
+		if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(nodes)+"\r") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis cluster node %s not ok within %s: %s %v", addr, within, info, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/idemstream/idemstream/consumer"
+	"github.com/idemstream/idemstream/dedupe/redisstore"
+)
+
+// cmdStore reads the store's generation markers (status) or accepts a
+// loss (accept-loss): see docs/operations.md, "The store forgot".
+func cmdStore(ctx context.Context, e *env, args []string) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		fmt.Fprint(e.stdout, storeUsage)
+		return nil
+	}
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return usagef("store takes a subcommand: status or accept-loss")
+	}
+	switch args[0] {
+	case "status":
+		return storeStatus(ctx, e, args[1:])
+	case "accept-loss":
+		return storeAcceptLoss(ctx, e, args[1:])
+	}
+	return usagef("unknown store subcommand %q: status or accept-loss", args[0])
+}
+
+const storeUsage = `Usage: idemstream store status -c FILE [-o text|json]
+       idemstream store accept-loss -c FILE --yes
+
+status reads the store's generation markers: armed (the store holds its
+decisions), forgot (it lost them: nothing is decided), new or inconsistent.
+accept-loss arms a new generation after a loss: every member decides again,
+and commands whose decisions were lost are decided first again when they
+come back. See docs/operations.md, "The store forgot".
+`
+
+// openRedisStore opens the configuration's Redis store; a memory store
+// has no markers to read.
+func openRedisStore(e *env, cf *configFlags) (*redisstore.Store, func() error, error) {
+	cfg, err := cf.load(e)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.Store.Kind != "redis" {
+		return nil, nil, usagef("store.kind is %s: only a Redis store keeps decisions it could forget", cfg.Store.Kind)
+	}
+	store, closeStore, err := consumer.OpenStore(cfg, e.getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	return store.(*redisstore.Store), closeStore, nil
+}
+
+func storeStatus(ctx context.Context, e *env, args []string) (err error) {
+	fs := newFlags(e, "store status", "-c FILE [-o text|json]")
+	cf := addConfigFlags(fs, "store.")
+	outputOf := outputFlag(fs, "text", "text", "json")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	output, err := outputOf()
+	if err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("store status takes no arguments, got %d", fs.NArg())
+	}
+	s, closeStore, err := openRedisStore(e, cf)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, closeStore()) }()
+	st, err := s.Status(ctx)
+	if err != nil {
+		return err
+	}
+	state := "armed"
+	switch {
+	case st.Loss != nil:
+		state = "forgot"
+	case st.Absent == st.Markers:
+		state = "new"
+	case st.Armed == "":
+		state = "inconsistent"
+	}
+	if output == "json" {
+		out := map[string]any{"state": state, "markers": st.Markers, "absent": st.Absent, "values": st.Values}
+		if st.Loss != nil {
+			loss := map[string]any{"generation": st.Loss.Generation, "since": st.Loss.Since.UTC(), "reason": st.Loss.Reason}
+			if st.Loss.Hold > 0 {
+				loss["resumes_at"] = st.Loss.Since.Add(st.Loss.Hold).UTC()
+			}
+			out["loss"] = loss
+		}
+		return writeJSON(e, out)
+	}
+	fmt.Fprintf(e.stdout, "state: %s (%d marker(s), %d missing)\n", state, st.Markers, st.Absent)
+	switch state {
+	case "forgot":
+		fmt.Fprintf(e.stdout, "%s\n", st.Loss.Error())
+	case "new":
+		fmt.Fprintln(e.stdout, "no marker: no idemstream of this release has decided on this prefix yet; the first to do so arms it")
+	case "inconsistent":
+		fmt.Fprintln(e.stdout, "the markers disagree and no loss is recorded yet: the next decision records it")
+	}
+	values := make([]string, 0, len(st.Values))
+	for v := range st.Values {
+		values = append(values, v)
+	}
+	slices.Sort(values)
+	for _, v := range values {
+		fmt.Fprintf(e.stdout, "  %6d × %s\n", st.Values[v], v)
+	}
+	return nil
+}
+
+func storeAcceptLoss(ctx context.Context, e *env, args []string) (err error) {
+	fs := newFlags(e, "store accept-loss", "-c FILE --yes")
+	cf := addConfigFlags(fs, "store.")
+	yes := fs.Bool("yes", false, "accept that keys whose entries the store lost are decided first again when their commands come back")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("store accept-loss takes no arguments, got %d", fs.NArg())
+	}
+	if !*yes {
+		return usagef("accept-loss lets every idemstream decide again on this store: commands whose decisions it lost are decided first again (a second result each) when they come back; run `idemstream store status` first, then again with --yes")
+	}
+	s, closeStore, err := openRedisStore(e, cf)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, closeStore()) }()
+	v, err := s.AcceptLoss(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "armed anew: %s\nevery member resumes within a second of its next try\n", v)
+	return nil
+}
