@@ -162,7 +162,6 @@ func pairs(rep string) map[string]string {
 	return out
 }
 
-
 // SentinelEvents returns the events a Sentinel logged (the lines with a
 // +event or -event: +sdown, +odown, +elected-leader, +promoted-slave,
 // +switch-master, +convert-to-slave, …).
