@@ -114,41 +114,41 @@ func (m marker) forgotError(hold time.Duration) *ForgotError {
 type generation struct {
 	hold time.Duration
 
+	namesOnce sync.Once
+	names     []string // every marker's name (markerNames)
+
 	mu     sync.Mutex
 	want   string       // the armed value every round trip must read
 	forgot *ForgotError // set while the store is known to have forgotten
 	polled time.Time    // the last time a forgotten store asked the server
 }
 
-// markerName is the marker of a slot: a Cluster has one per slot, named
-// with a hash tag of that slot; anything else has one.
-func (s *Store) markerName(slot int) string {
-	if !s.isCluster() {
-		return s.prefix + ":marker"
-	}
-	return s.prefix + ":marker:{" + slotTags()[slot] + "}"
-}
-
 func (s *Store) isCluster() bool { _, ok := s.client.(*redis.ClusterClient); return ok }
 
-// markerNames are the names of every marker of the store.
+// markerNames are the names of every marker of the store, built once: a
+// Cluster has one per slot, named with a hash tag of that slot (index
+// slot); anything else has one.
 func (s *Store) markerNames() []string {
-	if !s.isCluster() {
-		return []string{s.markerName(0)}
-	}
-	names := make([]string, markerSlots)
-	for i := range names {
-		names[i] = s.markerName(i)
-	}
-	return names
+	s.gen.namesOnce.Do(func() {
+		if !s.isCluster() {
+			s.gen.names = []string{s.prefix + ":marker"}
+			return
+		}
+		s.gen.names = make([]string, markerSlots)
+		for i, tag := range slotTags() {
+			s.gen.names[i] = s.prefix + ":marker:{" + tag + "}"
+		}
+	})
+	return s.gen.names
 }
 
 // markerFor is the marker that guards a write to name.
 func (s *Store) markerFor(name string) string {
-	if !s.isCluster() {
-		return s.markerName(0)
+	names := s.markerNames()
+	if len(names) == 1 {
+		return names[0]
 	}
-	return s.markerName(int(hashSlot(name)))
+	return names[hashSlot(name)]
 }
 
 // slotTags holds, per hash slot, the shortest decimal string that hashes
@@ -571,9 +571,14 @@ func (s *Store) markerGets(ctx context.Context, keys []string, cmds []redis.Cmde
 	s.gen.mu.Lock()
 	want := s.gen.want
 	s.gen.mu.Unlock()
+	names := s.markerNames()
+	if len(names) == 1 {
+		g := redis.NewStringCmd(ctx, "GET", names[0])
+		return append(keys[:len(keys):len(keys)], names[0]), append(cmds[:len(cmds):len(cmds)], g), []*redis.StringCmd{g}, want
+	}
 	seen := map[string]bool{}
-	outKeys := append(keys[:len(keys):len(keys)], []string(nil)...)
-	outCmds := append(cmds[:len(cmds):len(cmds)], []redis.Cmder(nil)...)
+	outKeys := keys[:len(keys):len(keys)]
+	outCmds := cmds[:len(cmds):len(cmds)]
 	var gets []*redis.StringCmd
 	for _, k := range keys {
 		m := s.markerFor(k)
