@@ -81,6 +81,7 @@ type marker struct {
 	armed  bool
 	gen    string
 	prev   string // armed: the generation it replaced ("-" for none)
+	at     int64  // armed: when, in ms of the arming store's clock
 	since  int64  // forgot: when, in ms of the server's clock
 	reason string
 }
@@ -93,7 +94,11 @@ func parseMarker(raw string) (marker, bool) {
 	}
 	switch f[0] {
 	case "armed":
-		m.armed, m.gen, m.prev = true, f[1], f[2]
+		at, err := strconv.ParseInt(f[3], 10, 64)
+		if err != nil {
+			return m, false
+		}
+		m.armed, m.gen, m.prev, m.at = true, f[1], f[2], at
 		return m, true
 	case "forgot":
 		ms, err := strconv.ParseInt(f[2], 10, 64)
@@ -225,6 +230,21 @@ func (s *Store) syncMarkers(ctx context.Context) error {
 		s.gen.want, s.gen.forgot = first.raw, nil
 		return nil
 	}
+	if v, ok := armInProgress(vals, time.Now()); ok {
+		// Another store is arming (or was stopped arming) the markers of
+		// a Cluster one slot after the other: finish it.
+		var behind []string
+		for i, x := range vals {
+			if x != v {
+				behind = append(behind, names[i])
+			}
+		}
+		if err := s.setMarkers(ctx, behind, v, false); err != nil {
+			return err
+		}
+		s.gen.want, s.gen.forgot = v, nil
+		return nil
+	}
 	loss, ok := recordedLoss(vals)
 	if !ok {
 		// Markers missing or different with no loss recorded: a part of
@@ -247,6 +267,39 @@ func (s *Store) syncMarkers(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// armGrace is how long after a store armed a generation (new, after a
+// loss accepted, after a hold) markers that do not hold it yet are taken
+// for an arm still under way rather than for a loss: a Cluster's markers
+// are written one slot after the other, and a store reading them meanwhile
+// must not take the ones not yet written for lost. A node that loses its
+// data within armGrace of an arm is not noticed.
+const armGrace = time.Minute
+
+// armInProgress returns the newest armed value when it is younger than
+// armGrace and every other marker is on its way to it: missing, or
+// (after a loss) the generation it replaces, armed or recorded lost.
+func armInProgress(vals []string, now time.Time) (string, bool) {
+	var newest marker
+	for _, v := range vals {
+		if m, ok := parseMarker(v); ok && m.armed && (newest.raw == "" || m.at > newest.at) {
+			newest = m
+		}
+	}
+	if newest.raw == "" || now.Sub(time.UnixMilli(newest.at)).Abs() > armGrace {
+		return "", false
+	}
+	for _, v := range vals {
+		if v == "" || v == newest.raw {
+			continue
+		}
+		m, ok := parseMarker(v)
+		if !ok || newest.prev == "-" || m.gen != newest.prev {
+			return "", false
+		}
+	}
+	return newest.raw, true
 }
 
 type markerCounts struct{ absent, armed, distinct, sameAsFirst int }
