@@ -225,6 +225,10 @@ pipelines:
 	t.Logf("backlog of %d records produced in %v", work.backlog, time.Since(backlogStart).Round(time.Millisecond))
 
 	fl := newFleet(t, bin, config, logDir, members, 1)
+	if prev := os.Getenv("IDEMSTREAM_CHAOS_PREVIOUS"); prev != "" {
+		fl.previous = prev
+		t.Logf("odd-numbered instances run the previous release's binary %s", prev)
+	}
 	joiner := members // the slot of the member that joins and leaves
 	fl.startAll()
 	readyBy := time.Now().Add(90 * time.Second)

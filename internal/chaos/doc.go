@@ -112,8 +112,12 @@
 // IDEMSTREAM_CHAOS_LOGS=DIR keeps the instance logs, the config and a
 // verification report in DIR instead of a temporary directory, and
 // IDEMSTREAM_CHAOS_STORE=valkey puts the store on Valkey 8.1 (completions
-// with SET … IFEQ; valkey-server on PATH, or the container path's image). `go test
-// -short` skips the test.
+// with SET … IFEQ; valkey-server on PATH, or the container path's image),
+// and IDEMSTREAM_CHAOS_PREVIOUS=BIN runs the odd-numbered instances from
+// another release's binary (a rolling upgrade in mid-course: build it
+// with `git worktree add /tmp/prev REV && go build -C /tmp/prev -o
+// /tmp/idemstream-prev ./cmd/idemstream`). `go test -short` skips the
+// test.
 //
 // The liveness bounds judge each continuous stall of a partition. Faults
 // that follow each other before the group has recovered add up into one

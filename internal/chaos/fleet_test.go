@@ -88,8 +88,12 @@ type slot struct {
 }
 
 type fleet struct {
-	t       *testing.T
-	bin     string
+	t   *testing.T
+	bin string
+	// previous, when set (IDEMSTREAM_CHAOS_PREVIOUS), is another release's
+	// binary, which the odd-numbered slots run: a group in the middle of a
+	// rolling upgrade.
+	previous string
 	config  string
 	mu      sync.Mutex
 	slots   []*slot
@@ -126,7 +130,12 @@ func (f *fleet) start(s *slot) {
 	// Every timing at its default: --settle-wait (45s, 1.5 × the
 	// cluster's replica.lag.time.max.ms), pending_timeout, the session
 	// timeout.
-	cmd := exec.Command(f.bin, "run", "--config", f.config, "--metrics-addr", s.addr, "--log-format", "text")
+	bin := f.bin
+	if f.previous != "" && s.id%2 == 1 {
+		bin = f.previous
+	}
+	fmt.Fprintf(logf, "==== chaos: binary %s\n", bin)
+	cmd := exec.Command(bin, "run", "--config", f.config, "--metrics-addr", s.addr, "--log-format", "text")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = childEnv()
 	// Should this test process die, its instances die with it.
