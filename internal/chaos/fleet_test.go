@@ -94,13 +94,13 @@ type fleet struct {
 	// binary, which the odd-numbered slots run: a group in the middle of a
 	// rolling upgrade.
 	previous string
-	config  string
-	mu      sync.Mutex
-	slots   []*slot
-	kills   int
-	starts  int
-	crashes []string // unexpected exits
-	stopped bool
+	config   string
+	mu       sync.Mutex
+	slots    []*slot
+	kills    int
+	starts   int
+	crashes  []string // unexpected exits
+	stopped  bool
 }
 
 // newFleet makes n instances that always run, and optional more that run
