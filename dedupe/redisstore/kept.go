@@ -26,6 +26,9 @@ func (s *Store) keptKey(namespace, name string) string {
 // (WithReplicas). It needs Redis 7.0 or later. The HTTP front door keeps
 // a first request's answer with it.
 func (s *Store) KeepFirst(ctx context.Context, namespace, name string, value []byte, ttl time.Duration) ([]byte, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, err
+	}
 	key := s.keptKey(namespace, name)
 	px := max(ttl.Milliseconds(), 1)
 	cmd := redis.NewStringCmd(ctx, "SET", key, value, "NX", "GET", "PX", px)

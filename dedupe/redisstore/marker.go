@@ -122,8 +122,12 @@ type generation struct {
 	namesOnce sync.Once
 	names     []string // every marker's name (markerNames)
 
-	mu     sync.Mutex
-	want   string       // the armed value every round trip must read
+	mu   sync.Mutex
+	want string // the armed value every round trip must read
+	// known is the last armed value this store decided under, kept when
+	// want is cleared: a store that knew a generation takes no marker, or
+	// a new arm that does not succeed one, for a new store.
+	known  string
 	forgot *ForgotError // set while the store is known to have forgotten
 	polled time.Time    // the last time a forgotten store asked the server
 }
@@ -207,6 +211,20 @@ func (s *Store) ready(ctx context.Context) error {
 	return nil
 }
 
+// adopt makes v the generation the store decides under.
+func (s *Store) adopt(v string) {
+	s.gen.want, s.gen.known, s.gen.forgot = v, v, nil
+}
+
+// succeeds reports whether armed value v may replace what the store knew:
+// a store that never armed takes anything, and a generation armed anew
+// after a loss (by an operator or a hold, prev set) replaces any; a new
+// arm (prev "-") over a known generation is the loss of that generation.
+func (s *Store) succeeds(v string) bool {
+	m, ok := parseMarker(v)
+	return ok && m.armed && (s.gen.known == "" || v == s.gen.known || m.prev != "-")
+}
+
 // syncMarkers reads every marker and sets the generation from them, under
 // gen.mu: all armed alike, that generation; none, a new one (a store
 // never armed); any loss recorded or any marker missing or different,
@@ -218,19 +236,20 @@ func (s *Store) syncMarkers(ctx context.Context) error {
 		return err
 	}
 	first, counts := summarize(vals)
+	fresh := s.gen.known == "" && s.gen.forgot == nil
 	switch {
-	case counts.absent == len(vals):
+	case counts.absent == len(vals) && fresh:
 		v, err := s.armFresh(ctx, names)
 		if err != nil {
 			return err
 		}
-		s.gen.want, s.gen.forgot = v, nil
+		s.adopt(v)
 		return nil
-	case counts.armed == len(vals) && counts.distinct == 1:
-		s.gen.want, s.gen.forgot = first.raw, nil
+	case counts.armed == len(vals) && counts.distinct == 1 && s.succeeds(first.raw):
+		s.adopt(first.raw)
 		return nil
 	}
-	if v, ok := armInProgress(vals, time.Now()); ok {
+	if v, ok := armInProgress(vals, time.Now()); ok && s.succeeds(v) {
 		// Another store is arming (or was stopped arming) the markers of
 		// a Cluster one slot after the other: finish it.
 		var behind []string
@@ -242,7 +261,7 @@ func (s *Store) syncMarkers(ctx context.Context) error {
 		if err := s.setMarkers(ctx, behind, v, false); err != nil {
 			return err
 		}
-		s.gen.want, s.gen.forgot = v, nil
+		s.adopt(v)
 		return nil
 	}
 	loss, ok := recordedLoss(vals)
@@ -250,12 +269,15 @@ func (s *Store) syncMarkers(ctx context.Context) error {
 		// Markers missing or different with no loss recorded: a part of
 		// the store forgot (a Cluster node restored empty) or another
 		// generation replaced this one.
-		gen := s.gen.want
+		gen := s.gen.known
 		if gen == "" {
 			gen = first.raw
 		}
 		m, _ := parseMarker(gen)
-		reason := fmt.Sprintf("%d of %d markers are missing and %d differ from the others: part of the store lost its data", counts.absent, len(vals), len(vals)-counts.absent-counts.sameAsFirst)
+		if s.gen.forgot != nil {
+			m.gen = s.gen.forgot.Generation
+		}
+		reason := fmt.Sprintf("%d of %d markers are missing and %d differ from the generation this store decided under: the store lost its data", counts.absent, len(vals), len(vals)-counts.absent-counts.sameAsKnown(vals, s.gen.known))
 		if loss, err = s.recordLoss(ctx, names, vals, m.gen, reason); err != nil {
 			return err
 		}
@@ -304,6 +326,17 @@ func armInProgress(vals []string, now time.Time) (string, bool) {
 
 type markerCounts struct{ absent, armed, distinct, sameAsFirst int }
 
+// sameAsKnown counts the markers that hold known.
+func (markerCounts) sameAsKnown(vals []string, known string) int {
+	n := 0
+	for _, v := range vals {
+		if v != "" && v == known {
+			n++
+		}
+	}
+	return n
+}
+
 // summarize counts the markers; first is the first present one.
 func summarize(vals []string) (first marker, c markerCounts) {
 	seen := map[string]bool{}
@@ -330,12 +363,13 @@ func summarize(vals []string) (first marker, c markerCounts) {
 	return first, c
 }
 
-// recordedLoss is the loss a marker records, the earliest if several do.
+// recordedLoss is the loss a marker records, the latest if several do:
+// its hold runs from the last loss.
 func recordedLoss(vals []string) (marker, bool) {
 	var loss marker
 	found := false
 	for _, v := range vals {
-		if m, ok := parseMarker(v); ok && !m.armed && (!found || m.since < loss.since) {
+		if m, ok := parseMarker(v); ok && !m.armed && (!found || m.since > loss.since) {
 			loss, found = m, true
 		}
 	}
@@ -435,14 +469,19 @@ return ARGV[3]`)
 func (s *Store) recordLoss(ctx context.Context, names, vals []string, gen, reason string) (marker, error) {
 	var loss marker
 	for i, v := range vals {
-		if m, ok := parseMarker(v); ok && v == s.gen.want && m.armed {
-			continue
+		if v != "" && v == s.gen.known {
+			continue // this marker still holds the generation
 		}
 		got, err := markForgotScript.Run(ctx, s.client, []string{names[i]}, v, gen, reason).Text()
+		if m, ok := parseMarker(got); err == nil && ok && m.armed && m.prev == "-" {
+			// A store that found no marker armed it meanwhile, on the
+			// data that forgot: the loss goes over its arm.
+			got, err = markForgotScript.Run(ctx, s.client, []string{names[i]}, got, gen, reason).Text()
+		}
 		if err != nil {
 			return marker{}, classify("marker", err)
 		}
-		if m, ok := parseMarker(got); ok && !m.armed && (loss.raw == "" || m.since < loss.since) {
+		if m, ok := parseMarker(got); ok && !m.armed && (loss.raw == "" || m.since > loss.since) {
 			loss = m
 		}
 	}
@@ -468,9 +507,17 @@ func (s *Store) resume(ctx context.Context, names []string, loss marker, due int
 	if err != nil {
 		return err
 	}
-	got, err := resumeScript.Run(ctx, s.client, []string{names[0]}, cur[0], due, next).Text()
-	if err != nil {
-		return classify("marker", err)
+	got := cur[0]
+	if c, ok := parseMarker(cur[0]); !ok || !c.armed || c.prev != loss.gen {
+		// Not yet resumed by another store: replace the loss, or the
+		// lost generation a slot that did not lose it still holds, and
+		// nothing else.
+		if ok && c.armed && cur[0] != s.gen.known {
+			return nil
+		}
+		if got, err = resumeScript.Run(ctx, s.client, []string{names[0]}, cur[0], due, next).Text(); err != nil {
+			return classify("marker", err)
+		}
 	}
 	m, ok := parseMarker(got)
 	if !ok || !m.armed || m.prev != loss.gen {
@@ -481,7 +528,7 @@ func (s *Store) resume(ctx context.Context, names []string, loss marker, due int
 			return err
 		}
 	}
-	s.gen.want, s.gen.forgot = got, nil
+	s.adopt(got)
 	return nil
 }
 
@@ -496,7 +543,9 @@ func (s *Store) AcceptLoss(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	gen := "-"
+	// The new generation names one it succeeds, never "-": stores that
+	// knew another generation take it for an accepted loss, not a new arm.
+	gen := "accepted"
 	if loss, ok := recordedLoss(vals); ok {
 		gen = loss.gen
 	} else if first, _ := summarize(vals); first.raw != "" {
@@ -583,7 +632,9 @@ func (s *Store) noteMismatch(ctx context.Context, want, got string) error {
 		return fmt.Errorf("marker: %w: the store's generation changed during the call", dedupe.ErrStoreUnavailable)
 	}
 	w, _ := parseMarker(want)
-	if m, ok := parseMarker(got); ok && m.armed && m.prev == w.gen {
+	if m, ok := parseMarker(got); ok && m.armed && m.prev != "-" {
+		// Armed anew after a loss (accepted, or its hold passed), maybe
+		// more than once: read every marker again before deciding.
 		s.gen.want = ""
 		return fmt.Errorf("marker: %w: the store was armed anew after a loss; reading its markers again", dedupe.ErrStoreUnavailable)
 	}
@@ -615,7 +666,7 @@ func (s *Store) noteMismatch(ctx context.Context, want, got string) error {
 
 // guards reports whether a round trip of op must read the markers: every
 // one that writes a decision or its completion.
-func guards(op string) bool { return op == "decide" || op == "complete" }
+func guards(op string) bool { return op == "decide" || op == "complete" || op == "keep" }
 
 // markerGets adds to cmds (routed by keys) a GET of the marker of each
 // slot that keys write to, behind them, and returns the commands, their
