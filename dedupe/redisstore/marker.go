@@ -226,9 +226,10 @@ func (s *Store) succeeds(v string) bool {
 }
 
 // syncMarkers reads every marker and sets the generation from them, under
-// gen.mu: all armed alike, that generation; none, a new one (a store
-// never armed); any loss recorded or any marker missing or different,
-// the loss (recorded where it was not yet), resumed once its hold passed.
+// gen.mu: none, on a store that never knew one, a new generation; all
+// armed alike with one that succeeds what the store knew (succeeds), that
+// one; an arm still being written, finished; anything else is the loss
+// (recorded where it was not yet), resumed once its hold passed.
 func (s *Store) syncMarkers(ctx context.Context) error {
 	names := s.markerNames()
 	vals, err := s.readMarkers(ctx, names)

@@ -253,7 +253,7 @@ func TestClusterNodeRestoredEmptyIsALoss(t *testing.T) {
 		t.Fatalf("status: %+v %v, want the loss recorded on 16384 markers", st, err)
 	}
 	// The loss is recorded on every marker the node lost (about a third).
-	if lost := st.Values[""] + countForgot(st); lost < 5000 {
+	if lost := st.Absent + countForgot(st); lost < 5000 {
 		t.Errorf("%d markers record the loss, want the restored node's slots (about 5461)", lost)
 	}
 }
