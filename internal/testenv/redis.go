@@ -80,6 +80,8 @@ type RedisServer struct {
 	cmd    *exec.Cmd
 	done   chan struct{}
 	box    *box // the container, on the container path
+	// started is set once the server ran: from then on it keeps its port.
+	started bool
 }
 
 // StartRedis starts a private redis-server on a free loopback port, with
@@ -124,6 +126,25 @@ func (s *RedisServer) Start() {
 		s.waitBox()
 		return
 	}
+	for attempt := 0; ; attempt++ {
+		err := s.startProcess()
+		if err == nil {
+			s.started = true
+			return
+		}
+		// A port found free was taken by another process before the
+		// server bound it (packages run side by side): a server that
+		// never ran yet takes another.
+		if s.started || attempt == 4 || !strings.Contains(err.Error(), "Address already in use") {
+			s.t.Fatalf("%v", err)
+		}
+		s.port = freePort(s.t)
+		s.Addr = "127.0.0.1:" + strconv.Itoa(s.port)
+	}
+}
+
+// startProcess runs redis-server once and waits for it to answer.
+func (s *RedisServer) startProcess() error {
 	args := []string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
 		"--save", "", "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning",
@@ -141,7 +162,7 @@ func (s *RedisServer) Start() {
 	s.cmd = exec.Command(s.bin, args...)
 	s.cmd.SysProcAttr = ChildProcAttr()
 	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
+		return fmt.Errorf("start redis-server: %w", err)
 	}
 	s.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) {
@@ -151,16 +172,18 @@ func (s *RedisServer) Start() {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if err := s.ping(); err == nil || (s.cfg.Password != "" && strings.Contains(err.Error(), "NOAUTH")) {
-			return
+			return nil
 		}
 		select {
 		case <-s.done:
 			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			s.t.Fatalf("redis-server exited at start: %s", strings.TrimSpace(string(log)))
+			_ = os.Remove(filepath.Join(s.dir, "redis.log"))
+			s.cmd = nil
+			return fmt.Errorf("redis-server exited at start: %s", strings.TrimSpace(string(log)))
 		default:
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("redis-server on %s did not answer PING within 10s", s.Addr)
+			return fmt.Errorf("redis-server on %s did not answer PING within 10s", s.Addr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

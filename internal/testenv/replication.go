@@ -195,6 +195,13 @@ func StartReplicationProxy(t testing.TB, target string) *ReplicationProxy {
 	return p
 }
 
+// retarget makes later connections go to target.
+func (p *ReplicationProxy) retarget(target string) {
+	p.mu.Lock()
+	p.target = target
+	p.mu.Unlock()
+}
+
 // Partition stops the replication links: what either side sends on them
 // is held, not delivered, until Heal or Cut.
 func (p *ReplicationProxy) Partition() {
@@ -250,7 +257,10 @@ func (p *ReplicationProxy) accept() {
 		if err != nil {
 			return
 		}
-		server, err := net.DialTimeout("tcp", p.target, time.Second)
+		p.mu.Lock()
+		target := p.target
+		p.mu.Unlock()
+		server, err := net.DialTimeout("tcp", target, time.Second)
 		if err != nil {
 			client.Close()
 			continue
@@ -350,6 +360,7 @@ func StartReplicatedCluster(t testing.TB) *ReplicatedCluster {
 		busPorts[m] = freePort(t)
 		m.cfg = RedisConfig{Args: append(clusterArgs(busPorts[m]), "--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", pport)}
 		m.Start()
+		p.retarget(m.Addr) // Start may have moved to another port
 		t.Cleanup(m.Stop)
 		c.Masters, c.Proxies = append(c.Masters, m), append(c.Proxies, p)
 	}
