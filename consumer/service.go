@@ -109,9 +109,6 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 	// A failed NewService leaves nothing behind: the same registry may be
 	// used again.
 	fail := func(err error) (*Service, error) { reg.undo(); return nil, errors.Join(err, closeStore()) }
-	if f, ok := rawStore.(forgottenStore); ok && metrics != nil {
-		metrics.watchForgot(f)
-	}
 	store := instrumentStore(rawStore, metrics)
 	var io Broker = writer
 	if o.WrapBroker != nil {

@@ -14,6 +14,9 @@ func instrumentStore(s dedupe.Store, m *Metrics) dedupe.Store {
 	if m == nil {
 		return s
 	}
+	if f, ok := s.(forgottenStore); ok {
+		m.watchForgot(f)
+	}
 	return &instrumented{Store: s, m: m}
 }
 

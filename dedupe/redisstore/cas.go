@@ -155,39 +155,8 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 		}
 		sets[j] = redis.NewCmd(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "IFEQ", was, "PXAT", e.RetainUntil().UnixMilli())
 	}
-	// In chunks side by side, as completeWatched's transactions: under
-	// appendfsync always Redis fsyncs for every 16 KiB it reads from a
-	// client before it answers, and a SET … IFEQ carries its entry twice.
-	chunkErrs := make([]error, (len(sets)+casChunk-1)/casChunk)
-	// Each chunk reads the marker behind its writes, on its connection.
-	markers := make([]*redis.StringCmd, len(chunkErrs))
-	var want string
-	for c := range markers {
-		_, _, gets, w := s.markerGets(ctx, names[:1], nil)
-		markers[c], want = gets[0], w
-	}
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range min(watchParallel, len(chunkErrs)) {
-		wg.Go(func() {
-			for c := range next {
-				chunk := sets[c*casChunk : min((c+1)*casChunk, len(sets))]
-				_, chunkErrs[c] = node.Pipelined(ctx, func(p redis.Pipeliner) error {
-					for _, cmd := range chunk {
-						_ = p.Process(ctx, cmd)
-					}
-					_ = p.Process(ctx, markers[c])
-					return nil
-				})
-			}
-		})
-	}
-	for c := range chunkErrs {
-		next <- c
-	}
-	close(next)
-	wg.Wait()
-	if err := s.checkMarkers(ctx, want, markers); err != nil {
+	chunkErrs, err := s.sendCASChunks(ctx, node, sets)
+	if err != nil {
 		return nil, err
 	}
 	// Each SET answers for itself: OK, written; nil, the entry changed
@@ -297,4 +266,44 @@ func doubted(names []string, vals []any, order []int, errs []error) bool {
 		}
 	}
 	return false
+}
+
+// sendCASChunks sends the SET … IFEQ commands in chunks side by side, as
+// completeWatched's transactions: under appendfsync always Redis fsyncs
+// for every 16 KiB it reads from a client before it answers, and a SET …
+// IFEQ carries its entry twice. Each chunk reads the marker behind its
+// writes, on its connection; a marker that does not read the armed value
+// fails the call. It returns each chunk's pipeline error.
+func (s *Store) sendCASChunks(ctx context.Context, node *redis.Client, sets []*redis.Cmd) ([]error, error) {
+	chunkErrs := make([]error, (len(sets)+casChunk-1)/casChunk)
+	markers := make([]*redis.StringCmd, len(chunkErrs))
+	var want string
+	for c := range markers {
+		markers[c], want = s.markerGet(ctx)
+	}
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(watchParallel, len(chunkErrs)) {
+		wg.Go(func() {
+			for c := range next {
+				chunk := sets[c*casChunk : min((c+1)*casChunk, len(sets))]
+				_, chunkErrs[c] = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+					for _, cmd := range chunk {
+						_ = p.Process(ctx, cmd)
+					}
+					_ = p.Process(ctx, markers[c])
+					return nil
+				})
+			}
+		})
+	}
+	for c := range chunkErrs {
+		next <- c
+	}
+	close(next)
+	wg.Wait()
+	if err := s.checkMarkers(ctx, want, markers); err != nil {
+		return nil, err
+	}
+	return chunkErrs, nil
 }

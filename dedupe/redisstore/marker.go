@@ -278,7 +278,7 @@ func (s *Store) syncMarkers(ctx context.Context) error {
 		if s.gen.forgot != nil {
 			m.gen = s.gen.forgot.Generation
 		}
-		reason := fmt.Sprintf("%d of %d markers are missing and %d differ from the generation this store decided under: the store lost its data", counts.absent, len(vals), len(vals)-counts.absent-counts.sameAsKnown(vals, s.gen.known))
+		reason := fmt.Sprintf("%d of %d markers are missing and %d differ from the generation this store decided under: the store lost its data", counts.absent, len(vals), len(vals)-counts.absent-holding(vals, s.gen.known))
 		if loss, err = s.recordLoss(ctx, names, vals, m.gen, reason); err != nil {
 			return err
 		}
@@ -325,10 +325,10 @@ func armInProgress(vals []string, now time.Time) (string, bool) {
 	return newest.raw, true
 }
 
-type markerCounts struct{ absent, armed, distinct, sameAsFirst int }
+type markerCounts struct{ absent, armed, distinct int }
 
-// sameAsKnown counts the markers that hold known.
-func (markerCounts) sameAsKnown(vals []string, known string) int {
+// holding counts the markers that hold known.
+func holding(vals []string, known string) int {
 	n := 0
 	for _, v := range vals {
 		if v != "" && v == known {
@@ -352,9 +352,6 @@ func summarize(vals []string) (first marker, c markerCounts) {
 		}
 		if m.armed {
 			c.armed++
-		}
-		if v == first.raw {
-			c.sameAsFirst++
 		}
 		if !seen[v] {
 			seen[v] = true
@@ -668,6 +665,14 @@ func (s *Store) noteMismatch(ctx context.Context, want, got string) error {
 // guards reports whether a round trip of op must read the markers: every
 // one that writes a decision or its completion.
 func guards(op string) bool { return op == "decide" || op == "complete" || op == "keep" }
+
+// markerGet is the GET of a single node's marker and the armed value it
+// must read, for the paths that only a single node or a Sentinel master
+// takes (the compare-and-set and WATCH completions).
+func (s *Store) markerGet(ctx context.Context) (*redis.StringCmd, string) {
+	_, _, gets, want := s.markerGets(ctx, nil, nil)
+	return gets[0], want
+}
 
 // markerGets adds to cmds (routed by keys) a GET of the marker of each
 // slot that keys write to, behind them, and returns the commands, their

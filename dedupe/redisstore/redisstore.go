@@ -671,7 +671,7 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 	if beforeExec != nil {
 		beforeExec(names)
 	}
-	_, _, gets, want := s.markerGets(ctx, names[:1], nil)
+	marker, want := s.markerGet(ctx)
 	cmds, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for _, i := range order {
 			e := latest[names[i]]
@@ -679,13 +679,13 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 			buf = appendEntry(buf, e)
 			p.Do(ctx, "SET", mget[1+i], buf[start:len(buf):len(buf)], "PXAT", e.RetainUntil().UnixMilli())
 		}
-		_ = p.Process(ctx, gets[0])
+		_ = p.Process(ctx, marker)
 		return nil
 	})
 	if err == nil {
 		// The writes are made; a marker that does not read the armed
 		// value makes them no completion.
-		if merr := s.checkMarkers(ctx, want, gets); merr != nil {
+		if merr := s.checkMarkers(ctx, want, []*redis.StringCmd{marker}); merr != nil {
 			return merr
 		}
 	}
