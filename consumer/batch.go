@@ -265,8 +265,21 @@ func (p *Pipeline) conflictUnderCurrentRules(ctx context.Context, pz *pauser, o 
 	if err != nil || !ok {
 		return false, err
 	}
-	fp, err := p.canon.Fingerprint(msg.Value)
-	return err == nil && fp != o.Fingerprint, nil
+	// A first copy read through a schema needs the registry: while it
+	// does not answer, the partition pauses; an unknown answer is never
+	// taken for "the same request".
+	var fp string
+	err = pz.retryStore(ctx, "read the first copy's schema", func() (err error) {
+		fp, err = p.canon.Fingerprint(msg.Value)
+		if !dedupe.IsRetryable(err) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	return fp != "" && fp != o.Fingerprint, nil
 }
 
 // firstCopy reads the input record at source, pausing while the broker

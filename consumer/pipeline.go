@@ -181,6 +181,7 @@ type Pipeline struct {
 
 	joined     atomic.Bool
 	pausedN    atomic.Int32
+	pauseWhy   atomic.Pointer[string] // the latest pause's cause, for /readyz
 	generation atomic.Int32
 
 	lastBurst atomic.Int64
@@ -246,8 +247,7 @@ func New(cfg Config) (*Pipeline, error) {
 	}
 	if cfg.Metrics != nil {
 		reasons := []string{}
-		for _, r := range []dedupe.Reason{dedupe.ReasonConflict, dedupe.ReasonMissingKey, dedupe.ReasonInvalidKey,
-			dedupe.ReasonMalformedPayload, dedupe.ReasonPayloadTooLarge, dedupe.ReasonInvalidSchema, dedupe.ReasonHandlerFailed} {
+		for _, r := range dedupe.Reasons {
 			reasons = append(reasons, string(r))
 		}
 		cfg.Metrics.initPipeline(cfg.Name, reasons)
@@ -258,6 +258,18 @@ func New(cfg Config) (*Pipeline, error) {
 // Ready reports whether the pipeline is a member of its group and not
 // paused by an unreachable store or broker.
 func (p *Pipeline) Ready() bool { return p.joined.Load() && p.pausedN.Load() == 0 }
+
+// PauseCause says why a partition of the pipeline is paused ("" when none
+// is), so that /readyz names the server that does not answer.
+func (p *Pipeline) PauseCause() string {
+	if p.pausedN.Load() == 0 {
+		return ""
+	}
+	if why := p.pauseWhy.Load(); why != nil {
+		return *why
+	}
+	return ""
+}
 
 // Name is the pipeline's name.
 func (p *Pipeline) Name() string { return p.cfg.Name }
@@ -842,6 +854,8 @@ func (z *pauser) pause(ctx context.Context, what string, err error) {
 		z.p.pausedN.Add(1)
 		z.log.Warn("paused: "+what+" failed; nothing is decided or committed until it answers", "err", err)
 	}
+	why := what + ": " + err.Error()
+	z.p.pauseWhy.Store(&why)
 	_ = sleep(ctx, 500*time.Millisecond)
 }
 

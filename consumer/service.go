@@ -208,7 +208,11 @@ func (s *Service) Ready(ctx context.Context) []string {
 	var problems []string
 	for _, p := range s.pipelines {
 		if !p.Ready() {
-			problems = append(problems, "pipeline "+p.Name()+" not joined or paused")
+			problem := "pipeline " + p.Name() + " not joined or paused"
+			if why := p.PauseCause(); why != "" {
+				problem += " (" + why + ")"
+			}
+			problems = append(problems, problem)
 		}
 	}
 	if err := s.probe.check(ctx); err != nil {

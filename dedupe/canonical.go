@@ -21,7 +21,26 @@ const (
 	PayloadJSON PayloadFormat = "json"
 	// PayloadRaw payloads are fingerprinted byte for byte.
 	PayloadRaw PayloadFormat = "raw"
+	// PayloadAvro, PayloadProtobuf and PayloadJSONSchema payloads are read
+	// through a schema (a registry's, in its wire format, or a local file)
+	// by a Decoder into JSON text, then canonicalized as JSON payloads are.
+	PayloadAvro       PayloadFormat = "avro"
+	PayloadProtobuf   PayloadFormat = "protobuf"
+	PayloadJSONSchema PayloadFormat = "json_schema"
 )
+
+// Decoder reads payloads that are not JSON text (Avro, Protobuf) as the
+// JSON text the canonicalizer reads. Package decode has the
+// implementation; the mapping it follows is part of the fingerprint.
+type Decoder interface {
+	// AppendJSON appends value, decoded, to dst. Its errors are poison
+	// (ReasonOf names the dead letter's reason) or retryable (a schema
+	// registry that did not answer): Classify tells them apart.
+	AppendJSON(dst, value []byte) ([]byte, error)
+	// Digest names what decoding depends on (the reader schema); it joins
+	// the rules digest, so a new reader schema is a change of rules.
+	Digest() string
+}
 
 // CanonicalScheme names the canonicalization algorithm. It is part of every
 // rules digest so that a change to the algorithm can never let fingerprints
@@ -38,6 +57,9 @@ type CanonicalRules struct {
 	Payload   PayloadFormat // "" means json
 	Volatile  []string      // JSON Pointers, `*` wildcard segments
 	Unordered []string
+	// Decoder reads avro, protobuf and json_schema payloads; required for
+	// those, refused for the others.
+	Decoder Decoder
 }
 
 // Canonicalizer turns payloads into their canonical form and fingerprint
@@ -46,6 +68,7 @@ type CanonicalRules struct {
 type Canonicalizer struct {
 	rules  CanonicalRules
 	raw    bool
+	dec    Decoder       // nil for json and raw payloads
 	match  *canonMatcher // nil when no path rule is configured
 	digest string
 }
@@ -56,7 +79,11 @@ func NewCanonicalizer(r CanonicalRules) (*Canonicalizer, error) {
 		Payload:   r.Payload,
 		Volatile:  slices.Clone(r.Volatile),
 		Unordered: slices.Clone(r.Unordered),
+		Decoder:   r.Decoder,
 	}}
+	if r.Decoder != nil && r.Payload != PayloadAvro && r.Payload != PayloadProtobuf && r.Payload != PayloadJSONSchema {
+		return nil, fmt.Errorf("payload %q is not read through a schema", r.Payload)
+	}
 	switch r.Payload {
 	case "", PayloadJSON:
 		c.rules.Payload = PayloadJSON
@@ -68,8 +95,13 @@ func NewCanonicalizer(r CanonicalRules) (*Canonicalizer, error) {
 		if len(r.Volatile) > 0 || len(r.Unordered) > 0 {
 			return nil, fmt.Errorf("payload %q cannot have volatile or unordered paths", r.Payload)
 		}
+	case PayloadAvro, PayloadProtobuf, PayloadJSONSchema:
+		if r.Decoder == nil {
+			return nil, fmt.Errorf("payload %q needs a schema (schema_registry or schema_file)", r.Payload)
+		}
+		c.dec = r.Decoder
 	default:
-		return nil, fmt.Errorf("unknown payload format %q (want %q or %q)", r.Payload, PayloadJSON, PayloadRaw)
+		return nil, fmt.Errorf("unknown payload format %q (want json, raw, avro, protobuf or json_schema)", r.Payload)
 	}
 
 	var vol, unord []Pointer
@@ -90,7 +122,11 @@ func NewCanonicalizer(r CanonicalRules) (*Canonicalizer, error) {
 	if len(vol)+len(unord) > 0 {
 		c.match = compileMatcher(newPathMatcher(vol, unord))
 	}
-	c.digest = rulesDigest(c.rules.Payload, r.Volatile, r.Unordered)
+	schema := ""
+	if c.dec != nil {
+		schema = c.dec.Digest()
+	}
+	c.digest = rulesDigest(c.rules.Payload, schema, r.Volatile, r.Unordered)
 	return c, nil
 }
 
@@ -101,6 +137,7 @@ func (c *Canonicalizer) Rules() CanonicalRules {
 		Payload:   c.rules.Payload,
 		Volatile:  slices.Clone(c.rules.Volatile),
 		Unordered: slices.Clone(c.rules.Unordered),
+		Decoder:   c.rules.Decoder,
 	}
 }
 
@@ -110,8 +147,10 @@ func (c *Canonicalizer) Rules() CanonicalRules {
 func (c *Canonicalizer) RulesDigest() string { return c.digest }
 
 // rulesDigest hashes a canonical JSON document describing the rules, so the
-// encoding is unambiguous whatever bytes a pointer holds.
-func rulesDigest(format PayloadFormat, volatile, unordered []string) string {
+// encoding is unambiguous whatever bytes a pointer holds. The reader
+// schema's digest is a member only where there is one, so that the digests
+// of json and raw rules stay what they were before schemas existed.
+func rulesDigest(format PayloadFormat, schema string, volatile, unordered []string) string {
 	norm := func(ps []string) []string {
 		ps = slices.Clone(ps)
 		slices.Sort(ps)
@@ -129,6 +168,10 @@ func rulesDigest(format PayloadFormat, volatile, unordered []string) string {
 	}
 	b := []byte(`{"payload":`)
 	b = appendQuotedUTF8(b, []byte(format))
+	if schema != "" {
+		b = append(b, `,"schema":`...)
+		b = appendQuotedUTF8(b, []byte(schema))
+	}
 	b = append(b, `,"scheme":`...)
 	b = appendQuotedUTF8(b, []byte(CanonicalScheme))
 	b = append(b, `,"unordered":`...)
@@ -148,13 +191,38 @@ func (c *Canonicalizer) AppendCanonical(dst, payload []byte) ([]byte, error) {
 		return append(dst, payload...), nil
 	}
 	s := getScratch()
-	out, err := c.appendCanonical(s, s.out[:0], payload)
-	s.out = out
+	payload, err := c.decode(s, payload)
 	if err == nil {
-		dst = append(dst, out...)
+		var out []byte
+		out, err = c.appendCanonical(s, s.out[:0], payload)
+		s.out = out
+		if err == nil {
+			dst = append(dst, out...)
+		}
 	}
 	putScratch(s)
 	return dst, err
+}
+
+// decode turns a payload read through a schema into JSON text in s.json;
+// JSON payloads are returned as they are.
+func (c *Canonicalizer) decode(s *canonScratch, payload []byte) ([]byte, error) {
+	if c.dec == nil {
+		return payload, nil
+	}
+	js, err := c.dec.AppendJSON(s.json[:0], payload)
+	s.json = js
+	return js, err
+}
+
+// DecodeJSON returns the JSON text the canonicalizer reads for payload: the
+// payload itself for JSON, its decoding for avro, protobuf and
+// json_schema. It is what a person reads to see what was compared.
+func (c *Canonicalizer) DecodeJSON(payload []byte) ([]byte, error) {
+	if c.dec == nil || c.raw {
+		return payload, nil
+	}
+	return c.dec.AppendJSON(nil, payload)
 }
 
 // Fingerprint returns "sha256:<64 lowercase hex>" over the canonical form of
@@ -164,15 +232,25 @@ func (c *Canonicalizer) Fingerprint(payload []byte) (string, error) {
 		return formatSHA256(sha256.Sum256(payload)), nil
 	}
 	s := getScratch()
-	out, err := c.appendCanonical(s, s.out[:0], payload)
-	s.out = out
+	defer putScratch(s)
+	payload, err := c.decode(s, payload)
 	if err != nil {
-		putScratch(s)
 		return "", err
 	}
-	sum := sha256.Sum256(out)
-	putScratch(s)
-	return formatSHA256(sum), nil
+	return c.fingerprintText(s, payload)
+}
+
+// fingerprintText fingerprints JSON text (a payload already decoded).
+func (c *Canonicalizer) fingerprintText(s *canonScratch, text []byte) (string, error) {
+	if c.raw {
+		return formatSHA256(sha256.Sum256(text)), nil
+	}
+	out, err := c.appendCanonical(s, s.out[:0], text)
+	s.out = out
+	if err != nil {
+		return "", err
+	}
+	return formatSHA256(sha256.Sum256(out)), nil
 }
 
 func formatSHA256(sum [sha256.Size]byte) string {
@@ -195,6 +273,7 @@ type canonScratch struct {
 	names   []byte                      // decoded member names that had escapes
 	num     []byte                      // digit buffer for number formatting
 	tmp     []byte                      // copy of a container's text while its parts are reordered
+	json    []byte                      // a decoded payload's JSON text
 	out     []byte                      // the canonical form, until it is hashed or copied to the caller
 }
 
@@ -218,6 +297,9 @@ func putScratch(s *canonScratch) {
 	}
 	if cap(s.tmp) > maxPooledBytes {
 		s.tmp = nil
+	}
+	if cap(s.json) > maxPooledBytes {
+		s.json = nil
 	}
 	if cap(s.names) > maxPooledBytes {
 		s.names = nil

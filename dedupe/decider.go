@@ -110,12 +110,22 @@ func (d *Decider) Prepare(rec *Record) Prepared {
 	if p.MaxPayloadBytes > 0 && len(rec.Value) > p.MaxPayloadBytes {
 		return Prepared{Err: fmt.Errorf("%w: %d bytes, limit %d", ErrPayloadTooLarge, len(rec.Value), p.MaxPayloadBytes)}
 	}
-	var out Prepared
-	fp, fpErr := d.canon.Fingerprint(rec.Value)
-	if fpErr == nil {
-		out.Fingerprint = fp
+	// A payload read through a schema is decoded once: the key field, the
+	// fingerprint and the JSON Schema all read its JSON text.
+	s := getScratch()
+	defer putScratch(s)
+	body, fpErr := d.canon.decode(s, rec.Value)
+	if IsRetryable(fpErr) {
+		return Prepared{Err: fpErr}
 	}
-	out.Key, out.Err = d.extractKey(rec)
+	var out Prepared
+	if fpErr == nil {
+		out.Fingerprint, fpErr = d.canon.fingerprintText(s, body)
+	}
+	if fpErr != nil {
+		body = nil
+	}
+	out.Key, out.Err = d.extractKey(rec, body, fpErr)
 	if out.Err != nil {
 		return out
 	}
@@ -124,21 +134,29 @@ func (d *Decider) Prepare(rec *Record) Prepared {
 		return out
 	}
 	if p.Schema != nil {
-		if err := p.Schema.ValidatePayload(rec.Value); err != nil {
+		if err := p.Schema.ValidatePayload(body); err != nil {
 			out.Err = fmt.Errorf("%w: %w", ErrInvalidSchema, err)
 		}
 	}
 	return out
 }
 
-func (d *Decider) extractKey(rec *Record) (string, error) {
+// extractKey reads the record's idempotency key; body is the payload's JSON
+// text (nil when it could not be read, bodyErr then says why).
+func (d *Decider) extractKey(rec *Record, body []byte, bodyErr error) (string, error) {
 	spec := d.policy.Key
 	var raw string
 	switch spec.From {
 	case KeyFromMessageKey:
 		raw = string(rec.Key)
 	case KeyFromField:
-		v, found, err := lookupString(rec.Value, d.field)
+		if body == nil && bodyErr != nil && d.canon.dec != nil {
+			return "", bodyErr
+		}
+		if body == nil {
+			body = rec.Value
+		}
+		v, found, err := lookupString(body, d.field)
 		if err != nil {
 			if errors.Is(err, ErrMalformedPayload) {
 				return "", err
@@ -223,6 +241,11 @@ func (d *Decider) decide(ctx context.Context, holder string, recs []Record, inte
 	for i := range recs {
 		rec := &recs[i]
 		prep := d.Prepare(rec)
+		if IsRetryable(prep.Err) {
+			// A schema registry that did not answer: nothing is decided,
+			// the caller pauses and decides the batch again.
+			return make([]Outcome, len(recs)), nil, prep.Err
+		}
 		out[i] = Outcome{Key: prep.Key, Fingerprint: prep.Fingerprint}
 		if prep.Err != nil {
 			out[i].Kind, out[i].Reason, out[i].Err = OutcomeInvalid, ReasonOf(prep.Err), prep.Err

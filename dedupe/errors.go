@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 )
 
 // Reason is why a record went to the dead-letter topic. The values are part
@@ -20,7 +21,18 @@ const (
 	ReasonPayloadTooLarge  Reason = "payload_too_large"
 	ReasonInvalidSchema    Reason = "invalid_schema"
 	ReasonHandlerFailed    Reason = "handler_failed"
+
+	// The reasons of payloads behind a schema registry (Avro, Protobuf,
+	// JSON Schema in the Confluent wire format).
+	ReasonUnknownSchema      Reason = "unknown_schema"
+	ReasonIncompatibleSchema Reason = "incompatible_schema"
+	ReasonNonFiniteNumber    Reason = "non_finite_number"
 )
+
+// Reasons lists every reason in the order metrics and reports show them.
+var Reasons = []Reason{ReasonConflict, ReasonMissingKey, ReasonInvalidKey, ReasonMalformedPayload,
+	ReasonPayloadTooLarge, ReasonInvalidSchema, ReasonUnknownSchema, ReasonIncompatibleSchema,
+	ReasonNonFiniteNumber, ReasonHandlerFailed}
 
 // Sentinel errors. Poison errors name a bad record; ErrStoreUnavailable and
 // ErrFenced describe the store's answer.
@@ -29,6 +41,20 @@ var (
 	ErrInvalidKey      = errors.New("invalid idempotency key")
 	ErrPayloadTooLarge = errors.New("payload too large")
 	ErrInvalidSchema   = errors.New("payload violates schema")
+
+	// ErrUnknownSchema is a record whose schema id the registry does not
+	// know; ErrIncompatibleSchema one whose writer schema cannot be read
+	// as the pipeline's reader schema; ErrNonFiniteNumber a decoded
+	// NaN or infinity, which no canonical form can hold.
+	ErrUnknownSchema      = errors.New("unknown schema")
+	ErrIncompatibleSchema = errors.New("incompatible schema")
+	ErrNonFiniteNumber    = errors.New("non-finite number")
+
+	// ErrRegistryUnavailable wraps every failure to reach the schema
+	// registry, or an answer it gave that was not about the record (a 5xx,
+	// a timeout). It is never the record's fault: the record stays
+	// undecided and the partition pauses.
+	ErrRegistryUnavailable = errors.New("schema registry unavailable")
 
 	// ErrStoreUnavailable wraps every failure to reach the store. The
 	// caller must treat the records concerned as undecided.
@@ -99,6 +125,7 @@ func Classify(err error) Class {
 		return Fatal
 	case errors.Is(err, ErrStoreUnavailable),
 		errors.Is(err, ErrBrokerUnavailable),
+		errors.Is(err, ErrRegistryUnavailable),
 		errors.Is(err, context.DeadlineExceeded):
 		return Retryable
 	}
@@ -129,6 +156,33 @@ func ReasonOf(err error) Reason {
 		return ReasonPayloadTooLarge
 	case errors.Is(err, ErrInvalidSchema):
 		return ReasonInvalidSchema
+	case errors.Is(err, ErrUnknownSchema):
+		return ReasonUnknownSchema
+	case errors.Is(err, ErrIncompatibleSchema):
+		return ReasonIncompatibleSchema
+	case errors.Is(err, ErrNonFiniteNumber):
+		return ReasonNonFiniteNumber
 	}
 	return ""
 }
+
+// SchemaError is a record that could not be read under the schema its
+// bytes name: the error says why, the coordinates go into the dead letter
+// (idemstream-schema-id, -subject and -version). Coordinates the registry
+// did not give are zero.
+type SchemaError struct {
+	ID      int
+	Subject string
+	Version int
+	Err     error
+}
+
+func (e *SchemaError) Error() string {
+	s := e.Err.Error() + " (schema id " + strconv.Itoa(e.ID)
+	if e.Subject != "" {
+		s += ", subject " + e.Subject + " version " + strconv.Itoa(e.Version)
+	}
+	return s + ")"
+}
+
+func (e *SchemaError) Unwrap() error { return e.Err }

@@ -13,6 +13,9 @@ type Config struct {
 	Store     Store      `json:"store"`
 	Metrics   Metrics    `json:"metrics"`
 	Pipelines []Pipeline `json:"pipelines"`
+	// SchemaRegistry reads the schemas of avro, protobuf and json_schema
+	// payloads; nil when the file has none.
+	SchemaRegistry *SchemaRegistry `json:"schema_registry,omitempty"`
 	// HTTP is the front door: routes guarded by the same rules where
 	// commands arrive (see package frontdoor); nil when the file has none.
 	HTTP *HTTP `json:"http,omitempty"`
@@ -20,6 +23,35 @@ type Config struct {
 	// Dir is the directory of the file, against which relative paths
 	// (schema files, TLS files) are resolved.
 	Dir string `json:"-"`
+
+	// decoders are the pipelines' opened schema decoders, by name (see
+	// OpenDecoders).
+	decoders *decoderCache
+}
+
+// SchemaRegistry is how to reach a Confluent-compatible schema registry.
+type SchemaRegistry struct {
+	URL         string       `json:"url"`
+	Username    string       `json:"username,omitempty"`
+	PasswordEnv string       `json:"password_env,omitempty"`
+	TLS         *RegistryTLS `json:"tls,omitempty"`
+	Timeout     Duration     `json:"timeout,omitempty"`
+}
+
+// RegistryTLS configures TLS to the schema registry.
+type RegistryTLS struct {
+	CAFile   string `json:"ca_file,omitempty"`
+	CertFile string `json:"cert_file,omitempty"`
+	KeyFile  string `json:"key_file,omitempty"`
+}
+
+// ReaderSchema names the registry schema a pipeline's records are resolved
+// to.
+type ReaderSchema struct {
+	Subject string `json:"subject,omitempty"`
+	// Version is "latest" or a version number.
+	Version any    `json:"version,omitempty"`
+	Message string `json:"message,omitempty"`
 }
 
 // Kafka is how to reach the brokers.
@@ -85,24 +117,28 @@ type Metrics struct {
 
 // Pipeline is one input topic with its policy and its output topics.
 type Pipeline struct {
-	Name                   string    `json:"name"`
-	Group                  string    `json:"group,omitempty"`
-	Input                  string    `json:"input"`
-	Output                 string    `json:"output"`
-	DLQ                    string    `json:"dlq"`
-	Replies                string    `json:"replies,omitempty"`
-	Key                    KeyConfig `json:"key"`
-	Semantics              string    `json:"semantics"`
-	Window                 Duration  `json:"window"`
-	Clock                  string    `json:"clock"`
-	Volatile               []string  `json:"volatile"`
-	Unordered              []string  `json:"unordered"`
-	Payload                string    `json:"payload"`
-	Schema                 string    `json:"schema,omitempty"`
-	MaxPayloadBytes        int       `json:"max_payload_bytes"`
-	PendingTimeout         Duration  `json:"pending_timeout"`
-	FailedTTL              Duration  `json:"failed_ttl"`
-	ClientMaxRetryInterval Duration  `json:"client_max_retry_interval"`
+	Name      string    `json:"name"`
+	Group     string    `json:"group,omitempty"`
+	Input     string    `json:"input"`
+	Output    string    `json:"output"`
+	DLQ       string    `json:"dlq"`
+	Replies   string    `json:"replies,omitempty"`
+	Key       KeyConfig `json:"key"`
+	Semantics string    `json:"semantics"`
+	Window    Duration  `json:"window"`
+	Clock     string    `json:"clock"`
+	Volatile  []string  `json:"volatile"`
+	Unordered []string  `json:"unordered"`
+	Payload   string    `json:"payload"`
+	// ReaderSchema and SchemaFile say where an avro or protobuf
+	// payload's schema is (see package decode).
+	ReaderSchema           *ReaderSchema `json:"reader_schema,omitempty"`
+	SchemaFile             string        `json:"schema_file,omitempty"`
+	Schema                 string        `json:"schema,omitempty"`
+	MaxPayloadBytes        int           `json:"max_payload_bytes"`
+	PendingTimeout         Duration      `json:"pending_timeout"`
+	FailedTTL              Duration      `json:"failed_ttl"`
+	ClientMaxRetryInterval Duration      `json:"client_max_retry_interval"`
 	// Start is where the pipeline's group begins a partition it has no
 	// committed offset for: earliest (the default), latest, or an RFC 3339
 	// time (see StartPosition).

@@ -1,6 +1,8 @@
 package schemas
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -235,6 +237,9 @@ func (c *Config) validate() error {
 		if _, err := dedupe.ParseKeyFormat(p.Key.Format); err != nil {
 			return fieldErr(at("key.format"), "%v", err)
 		}
+		if err := c.checkSchemaPayload(&p, at); err != nil {
+			return err
+		}
 		if p.Payload == string(dedupe.PayloadRaw) {
 			switch {
 			case len(p.Volatile) > 0:
@@ -395,13 +400,28 @@ func (c *Config) Resolve(path string) string {
 	return filepath.Join(c.Dir, path)
 }
 
+// rules are the pipeline's rules without its schema, for the checks of
+// its paths that need no registry: a payload read through a schema gets a
+// decoder that decodes nothing (Policy opens the real one).
 func (p Pipeline) rules() dedupe.CanonicalRules {
-	return dedupe.CanonicalRules{
+	r := dedupe.CanonicalRules{
 		Payload:   dedupe.PayloadFormat(p.Payload),
 		Volatile:  p.Volatile,
 		Unordered: p.Unordered,
 	}
+	if p.ReadsSchema() {
+		r.Decoder = unopenedDecoder{}
+	}
+	return r
 }
+
+type unopenedDecoder struct{}
+
+func (unopenedDecoder) AppendJSON(dst, _ []byte) ([]byte, error) {
+	return dst, errors.New("the pipeline's schema is not read yet")
+}
+
+func (unopenedDecoder) Digest() string { return "" }
 
 // Policy builds the decision policy of a pipeline of this config.
 func (c *Config) Policy(p Pipeline) (dedupe.Policy, error) {
@@ -425,6 +445,13 @@ func (c *Config) Policy(p Pipeline) (dedupe.Policy, error) {
 		PendingTimeout:  p.PendingTimeout.D(),
 		FailedTTL:       p.FailedTTL.D(),
 	}
+	if p.ReadsSchema() {
+		d, err := c.Decoder(context.Background(), p)
+		if err != nil {
+			return dedupe.Policy{}, err
+		}
+		pol.Rules.Decoder = d
+	}
 	if p.Schema != "" {
 		v, err := compilePayloadSchema(c.Resolve(p.Schema))
 		if err != nil {
@@ -443,6 +470,36 @@ func fileExists(path string) error {
 	}
 	if st.IsDir() {
 		return fmt.Errorf("%s is a directory", path)
+	}
+	return nil
+}
+
+// checkSchemaPayload checks where an avro, protobuf or json_schema
+// payload's schema comes from, and that no other payload names one.
+func (c *Config) checkSchemaPayload(p *Pipeline, at func(string) string) error {
+	if !p.ReadsSchema() {
+		switch {
+		case p.ReaderSchema != nil:
+			return fieldErr(at("reader_schema"), "only payload avro or protobuf has a reader schema (payload is %s)", p.Payload)
+		case p.SchemaFile != "":
+			return fieldErr(at("schema_file"), "only payload avro or protobuf is read through a schema file (payload is %s)", p.Payload)
+		}
+		return nil
+	}
+	if p.SchemaFile == "" {
+		if c.SchemaRegistry == nil {
+			return fieldErr(at("payload"), "payload %s needs schema_registry (or a schema_file for plain, unframed payloads)", p.Payload)
+		}
+		return nil
+	}
+	switch {
+	case p.Payload == string(dedupe.PayloadJSONSchema):
+		return fieldErr(at("schema_file"), "json_schema payloads carry a registry's schema id; for a local JSON Schema use payload: json with schema:")
+	case p.ReaderSchema != nil && (p.ReaderSchema.Subject != "" || p.ReaderSchema.Version != nil):
+		return fieldErr(at("reader_schema"), "a schema_file is the reader schema: reader_schema may only name its message")
+	}
+	if err := fileExists(c.Resolve(p.SchemaFile)); err != nil {
+		return fieldErr(at("schema_file"), "%v", err)
 	}
 	return nil
 }

@@ -24,4 +24,10 @@ const (
 	// HeaderPayloadSize is the size in bytes of the payload a trimmed dead
 	// letter no longer carries in full (see TrimDeadLetter).
 	HeaderPayloadSize = "idemstream-payload-size"
+	// HeaderSchemaID, HeaderSchemaSubject and HeaderSchemaVersion name the
+	// schema a dead letter of an avro, protobuf or json_schema payload was
+	// read under (or failed to be), as the registry knows it.
+	HeaderSchemaID      = "idemstream-schema-id"
+	HeaderSchemaSubject = "idemstream-schema-subject"
+	HeaderSchemaVersion = "idemstream-schema-version"
 )

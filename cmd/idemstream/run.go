@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemstream/idemstream/consumer"
+	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/schemas"
 	"github.com/idemstream/idemstream/sinks"
 )
@@ -53,12 +54,35 @@ func cmdRun(ctx context.Context, e *env, args []string) (err error) {
 	if *batch < 1 || *batch > maxBatchSize {
 		return usagef("--batch-size %d: want 1 to %d", *batch, maxBatchSize)
 	}
+	if err := openSchemas(ctx, cfg, log); err != nil {
+		return err
+	}
 	svc, err := buildService(cfg, e.getenv, log, runTimings{settle: *settle, drain: *drain, batch: *batch}, lines)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, svc.close()) }()
 	return svc.run(ctx)
+}
+
+// openSchemas reads the reader schema of every pipeline whose payloads
+// are read through one. A registry that does not answer is waited for (1 s,
+// doubling up to 30 s): the instance is not ready meanwhile, as with a
+// store that does not answer; a registry that refuses, or a schema that
+// does not exist, ends the start.
+func openSchemas(ctx context.Context, cfg *schemas.Config, log *slog.Logger) error {
+	for pause := time.Second; ; pause = min(2*pause, 30*time.Second) {
+		err := cfg.OpenDecoders(ctx)
+		if err == nil || !dedupe.IsRetryable(err) {
+			return err
+		}
+		log.Warn("waiting for the schema registry before starting", "err", err, "retry_in", pause)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pause):
+		}
+	}
 }
 
 func newLogger(e *env, format, level string) (*slog.Logger, error) {

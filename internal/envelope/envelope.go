@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -66,6 +67,13 @@ func DeadLetter(topic string, rec *dedupe.Record, o *dedupe.Outcome, reason dedu
 	}
 	if o.Fingerprint != "" {
 		hs = append(hs, header(sinks.HeaderFingerprint, o.Fingerprint))
+	}
+	var se *dedupe.SchemaError
+	if errors.As(cause, &se) {
+		hs = append(hs, header(sinks.HeaderSchemaID, strconv.Itoa(se.ID)))
+		if se.Subject != "" {
+			hs = append(hs, header(sinks.HeaderSchemaSubject, se.Subject), header(sinks.HeaderSchemaVersion, strconv.Itoa(se.Version)))
+		}
 	}
 	if reason == dedupe.ReasonConflict {
 		hs = append(hs,

@@ -35,6 +35,11 @@ case "$servers" in
     servers_start
     ;;
 esac
+# The schema registry and the Java encoder run as local processes on
+# either path: installed here (once, then reused), so that no test waits
+# on Maven.
+internal/testenv/scripts/registry.sh fetch >/dev/null
+internal/testenv/scripts/serde.sh build >/dev/null
 # The real-server tests must run here, not skip.
 export IDEMSTREAM_REQUIRE_SERVERS=1
 

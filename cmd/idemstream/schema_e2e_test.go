@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/testenv"
+	"github.com/idemstream/idemstream/sinks"
+)
+
+const (
+	claimAvroV1 = `{"type":"record","name":"Claim","namespace":"coupon.v1","fields":[
+ {"name":"coupon_id","type":"long"},{"name":"user_id","type":"string"},{"name":"amount","type":"long"},
+ {"name":"client_time","type":"string"},
+ {"name":"items","type":{"type":"array","items":{"type":"record","name":"Item","fields":[{"name":"sku","type":"string"},{"name":"qty","type":"int"}]}}}]}`
+	// v2 moves fields, adds one with a default: a compatible change a
+	// producer may roll out while its clients retry.
+	claimAvroV2 = `{"type":"record","name":"Claim","namespace":"coupon.v1","fields":[
+ {"name":"client_time","type":"string"},{"name":"user_id","type":"string"},{"name":"coupon_id","type":"long"},
+ {"name":"amount","type":"long"},{"name":"channel","type":"string","default":"app"},
+ {"name":"items","type":{"type":"array","items":{"type":"record","name":"Item","fields":[{"name":"qty","type":"int"},{"name":"sku","type":"string"}]}}}]}`
+	claimAvroV3 = `{"type":"record","name":"Claim","namespace":"coupon.v1","fields":[
+ {"name":"client_time","type":"string"},{"name":"user_id","type":"string"},{"name":"coupon_id","type":"long"},
+ {"name":"amount","type":"long"},{"name":"channel","type":"string","default":"app"},{"name":"region","type":"string","default":"eu"},
+ {"name":"items","type":{"type":"array","items":{"type":"record","name":"Item","fields":[{"name":"qty","type":"int"},{"name":"sku","type":"string"}]}}}]}`
+)
+
+func registerSchema(t *testing.T, cl *sr.Client, subject, text string, typ sr.SchemaType) int {
+	t.Helper()
+	ss, err := cl.CreateSchema(context.Background(), subject, sr.Schema{Schema: text, Type: typ})
+	if err != nil {
+		t.Fatalf("register %s: %v", subject, err)
+	}
+	return ss.ID
+}
+
+// TestRunAvroThroughARealRegistry is the incident in Avro, on the real
+// broker, Redis and a real schema registry (Apicurio), with records
+// written by Apache Avro's Java library: retries with a new client_time
+// are replays, a changed amount is a conflict naming /amount, a producer
+// that moves to a compatible schema mid-stream makes no false conflict,
+// garbage and unknown ids are dead letters with their reasons, and a
+// registry stopped mid-stream pauses the partition (not ready, nothing
+// dead-lettered) until it is back.
+func TestRunAvroThroughARealRegistry(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	redisAddr := testenv.RedisAddr(t)
+	reg := testenv.StartSchemaRegistry(t)
+	cl, err := sr.NewClient(sr.URLs(reg.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, in, out, dlq := pipelineTopics(t, brokers, "avro", 1)
+	v1 := registerSchema(t, cl, in+"-value", claimAvroV1, sr.TypeAvro)
+	config := writeRunConfig(t, brokers, redisAddr, run, fmt.Sprintf(
+		"{name: p, input: %s, output: %s, dlq: %s, key: {format: any}, payload: avro, volatile: [/client_time], unordered: [/items]}", in, out, dlq))
+	config = withRegistry(t, config, reg.URL)
+	inst := startInstance(t, config, nil)
+	waitUntil(t, 90*time.Second, "ready", func() bool { code, _ := inst.get("/readyz"); return code == 200 })
+
+	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	claim := func(coupon int, amount int, tm string, items string) string {
+		return fmt.Sprintf(`{"coupon_id":%d,"user_id":"u-1024","amount":%d,"client_time":%q,"items":%s}`, coupon, amount, tm, items)
+	}
+	recs := testenv.JavaAvro(t, claimAvroV1, v1,
+		claim(1, 50, "10:00:00", `[{"sku":"A","qty":1},{"sku":"B","qty":2}]`),
+		claim(1, 50, "10:00:05", `[{"sku":"B","qty":2},{"sku":"A","qty":1}]`),
+		claim(2, 50, "10:00:00", `[]`),
+		claim(2, 60, "10:00:09", `[]`),
+	)
+	unknown := append([]byte{0, 0, 0, 0x27, 0x0f}, recs[0][5:]...) // id 9999
+	produce(t, io,
+		produced{in, 0, nil, key("k1"), string(recs[0])},
+		produced{in, 0, nil, key("k1"), string(recs[1])},
+		produced{in, 0, nil, key("k2"), string(recs[2])},
+		produced{in, 0, nil, key("k2"), string(recs[3])},
+		produced{in, 0, nil, key("k5"), "not avro at all"},
+		produced{in, 0, nil, key("k6"), string(unknown)},
+	)
+	waitUntil(t, 60*time.Second, "the first six records", func() bool {
+		return inst.metric("idemstream_records_total", "pipeline", "p", "outcome", "invalid") == 2 &&
+			inst.metric("idemstream_records_total", "pipeline", "p", "outcome", "conflict") == 1
+	})
+
+	// The producer moves to v2 while the client of k1 still retries.
+	v2 := registerSchema(t, cl, in+"-value", claimAvroV2, sr.TypeAvro)
+	v2recs := testenv.JavaAvro(t, claimAvroV2, v2,
+		`{"client_time":"10:01:00","user_id":"u-1024","coupon_id":1,"amount":50,"channel":"app","items":[{"qty":1,"sku":"A"},{"qty":2,"sku":"B"}]}`,
+		`{"client_time":"10:01:00","user_id":"u-2048","coupon_id":3,"amount":70,"channel":"web","items":[]}`)
+	produce(t, io, produced{in, 0, nil, key("k1"), string(v2recs[0])}, produced{in, 0, nil, key("k3"), string(v2recs[1])})
+	waitUntil(t, 60*time.Second, "the v2 records", func() bool {
+		return inst.metric("idemstream_records_total", "pipeline", "p", "outcome", "first") == 3 &&
+			inst.metric("idemstream_records_total", "pipeline", "p", "outcome", "replay") == 2
+	})
+
+	// v3 is registered, then the registry stops before the instance has
+	// read it: the record waits, the instance says why.
+	v3 := registerSchema(t, cl, in+"-value", claimAvroV3, sr.TypeAvro)
+	v3recs := testenv.JavaAvro(t, claimAvroV3, v3,
+		`{"client_time":"10:02:00","user_id":"u-4096","coupon_id":4,"amount":80,"channel":"app","region":"us","items":[]}`)
+	reg.Stop(t)
+	produce(t, io, produced{in, 0, nil, key("k4"), string(v3recs[0])})
+	waitUntil(t, 60*time.Second, "/readyz to name the registry", func() bool {
+		code, body := inst.get("/readyz")
+		return code == 503 && strings.Contains(body, "schema registry unavailable")
+	})
+	if n := len(readTopic(t, io, dlq)); n != 3 {
+		t.Fatalf("%d dead letters while the registry was down, want the 3 from before", n)
+	}
+	reg.Start(t)
+	waitUntil(t, 90*time.Second, "k4 decided after the registry came back", func() bool {
+		return inst.metric("idemstream_records_total", "pipeline", "p", "outcome", "first") == 4
+	})
+	waitUntil(t, 30*time.Second, "ready again", func() bool { code, _ := inst.get("/readyz"); return code == 200 })
+	checkAvroTopics(t, io, out, dlq)
+}
+
+func checkAvroTopics(t *testing.T, io *sinks.Kafka, out, dlq string) {
+	t.Helper()
+	results := map[string]int{}
+	for _, r := range readTopic(t, io, out) {
+		results[hv(r, sinks.HeaderKey)]++
+	}
+	for _, k := range []string{"k1", "k2", "k3", "k4"} {
+		if results[k] != 1 {
+			t.Errorf("key %s has %d results, want 1 (all: %v)", k, results[k], results)
+		}
+	}
+	if len(results) != 4 {
+		t.Errorf("results for %v, want k1..k4", keysOf(results))
+	}
+	byReason := map[string]sinks.Fetched{}
+	for _, d := range readTopic(t, io, dlq) {
+		byReason[hv(d, sinks.HeaderReason)] = d
+	}
+	if c, ok := byReason[string(dedupe.ReasonConflict)]; !ok || hv(c, sinks.HeaderConflictPaths) != "/amount" {
+		t.Errorf("conflict dead letter %v, want one naming /amount", c.Headers)
+	}
+	if m, ok := byReason[string(dedupe.ReasonMalformedPayload)]; !ok || !strings.Contains(hv(m, sinks.HeaderError), "framing") {
+		t.Errorf("malformed dead letter %v, want one that names the missing framing", m.Headers)
+	}
+	if u, ok := byReason[string(dedupe.ReasonUnknownSchema)]; !ok || hv(u, sinks.HeaderSchemaID) != "9999" {
+		t.Errorf("unknown_schema dead letter %v, want one with idemstream-schema-id 9999", u.Headers)
+	}
+	if len(byReason) != 3 {
+		t.Errorf("dead letters by reason %v, want conflict, malformed_payload, unknown_schema", keysOf(byReason))
+	}
+}
+
+// withRegistry adds a schema_registry section to a config file.
+func withRegistry(t *testing.T, config, url string) string {
+	t.Helper()
+	return appendToConfig(t, config, "schema_registry: {url: '"+url+"'}\n")
+}
+
+func appendToConfig(t *testing.T, config, text string) string {
+	t.Helper()
+	b, err := os.ReadFile(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(config, append(b, text...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return config
+}

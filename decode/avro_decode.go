@@ -1,0 +1,384 @@
+package decode
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/idemstream/idemstream/dedupe"
+)
+
+// avroReader walks one record's Avro binary under a compiled program and
+// appends its JSON text. The limit bounds the output, so that a record
+// whose blocks claim billions of zero-size items ends in an error, not in
+// a loop without end.
+type avroReader struct {
+	data  []byte
+	pos   int
+	limit int
+	depth int
+}
+
+func malformed(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", dedupe.ErrMalformedPayload, fmt.Sprintf(format, args...))
+}
+
+// appendAvroJSON decodes data, one value of the writer schema prog was
+// compiled from, and appends it as JSON.
+func appendAvroJSON(dst []byte, prog *avroProg, data []byte) ([]byte, error) {
+	r := avroReader{data: data, limit: len(dst) + outputLimit(len(data))}
+	out, err := r.value(dst, prog)
+	if err != nil {
+		return dst, err
+	}
+	if r.pos != len(data) {
+		return dst, malformed("%d bytes after the avro value", len(data)-r.pos)
+	}
+	return out, nil
+}
+
+// outputLimit is the most JSON a value of n bytes may decode to: generous
+// for real records (base64 and member names grow a record by a few
+// times), small enough to stop a record of empty items claimed by the
+// billion.
+func outputLimit(n int) int { return 64*n + 1<<16 }
+
+func (r *avroReader) long() (int64, error) {
+	var u uint64
+	for shift := uint(0); shift < 64; shift += 7 {
+		if r.pos >= len(r.data) {
+			return 0, malformed("avro value ends inside a number at byte %d", r.pos)
+		}
+		c := r.data[r.pos]
+		r.pos++
+		u |= uint64(c&0x7f) << shift
+		if c < 0x80 {
+			return int64(u>>1) ^ -int64(u&1), nil
+		}
+	}
+	return 0, malformed("avro number longer than 10 bytes at byte %d", r.pos)
+}
+
+func (r *avroReader) int() (int64, error) {
+	v, err := r.long()
+	if err == nil && int64(int32(v)) != v {
+		return 0, malformed("avro int %d out of range", v)
+	}
+	return v, err
+}
+
+func (r *avroReader) next(n int) ([]byte, error) {
+	if n < 0 || n > len(r.data)-r.pos {
+		return nil, malformed("avro value claims %d bytes, %d left at byte %d", n, len(r.data)-r.pos, r.pos)
+	}
+	b := r.data[r.pos : r.pos+n]
+	r.pos += n
+	return b, nil
+}
+
+func (r *avroReader) bytes() ([]byte, error) {
+	n, err := r.long()
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 || n > int64(len(r.data)) {
+		return nil, malformed("avro bytes of length %d at byte %d", n, r.pos)
+	}
+	return r.next(int(n))
+}
+
+// value decodes one value. Its switch is the whole format: keeping it in
+// one place is what lets a reader check it against Avro's specification.
+func (r *avroReader) value(dst []byte, p *avroProg) ([]byte, error) {
+	switch p.op {
+	case opNull:
+		return append(dst, "null"...), nil
+	case opBoolean:
+		b, err := r.next(1)
+		if err != nil {
+			return dst, err
+		}
+		if b[0] > 1 {
+			return dst, malformed("avro boolean byte 0x%02x", b[0])
+		}
+		return appendBool(dst, b[0] == 1), nil
+	case opInt:
+		v, err := r.long()
+		return appendInt(dst, v), err
+	case opIntFloat, opIntDouble:
+		v, err := r.long()
+		if err != nil {
+			return dst, err
+		}
+		if p.op == opIntFloat {
+			return appendFloat(dst, float64(float32(v)), 32)
+		}
+		return appendFloat(dst, float64(v), 64)
+	case opFloat, opFloatDouble:
+		b, err := r.next(4)
+		if err != nil {
+			return dst, err
+		}
+		f := math.Float32frombits(binary.LittleEndian.Uint32(b))
+		if p.op == opFloat {
+			return appendFloat(dst, float64(f), 32)
+		}
+		return appendFloat(dst, float64(f), 64)
+	case opDouble:
+		b, err := r.next(8)
+		if err != nil {
+			return dst, err
+		}
+		return appendFloat(dst, math.Float64frombits(binary.LittleEndian.Uint64(b)), 64)
+	case opBytes, opStringBytes, opDecimalBytes:
+		b, err := r.bytes()
+		if err != nil {
+			return dst, err
+		}
+		if p.op == opDecimalBytes {
+			return appendDecimal(dst, b, p.scale), nil
+		}
+		return appendBase64(dst, b), nil
+	case opString, opBytesString:
+		b, err := r.bytes()
+		if err != nil {
+			return dst, err
+		}
+		return appendJSONString(dst, b)
+	case opFixed, opDecimalFixed:
+		b, err := r.next(p.size)
+		if err != nil {
+			return dst, err
+		}
+		if p.op == opDecimalFixed {
+			return appendDecimal(dst, b, p.scale), nil
+		}
+		return appendBase64(dst, b), nil
+	}
+	return r.complex(dst, p)
+}
+
+func (r *avroReader) complex(dst []byte, p *avroProg) ([]byte, error) {
+	switch p.op {
+	case opRecord:
+		return r.record(dst, p)
+	case opEnum:
+		i, err := r.int()
+		if err != nil {
+			return dst, err
+		}
+		if i < 0 || i >= int64(len(p.symbols)) {
+			return dst, malformed("avro enum index %d of %d symbols", i, len(p.symbols))
+		}
+		if p.symbols[i] == nil {
+			return dst, fmt.Errorf("%w: the writer's enum symbol %d is not a symbol of the reader's enum, which has no default", dedupe.ErrIncompatibleSchema, i)
+		}
+		return append(dst, p.symbols[i]...), nil
+	case opArray, opMap:
+		return r.blocks(dst, p)
+	case opWriterUnion:
+		i, err := r.long()
+		if err != nil {
+			return dst, err
+		}
+		if i < 0 || i >= int64(len(p.cases)) {
+			return dst, malformed("avro union branch %d of %d", i, len(p.cases))
+		}
+		return r.value(dst, p.cases[i])
+	case opReaderUnion:
+		dst = append(dst, p.open...)
+		out, err := r.value(dst, p.elem)
+		if err != nil || p.open == nil {
+			return out, err
+		}
+		return append(out, '}'), nil
+	case opFail:
+		return dst, fmt.Errorf("%w: %s", dedupe.ErrIncompatibleSchema, p.err)
+	}
+	return dst, fmt.Errorf("avro program has no step %d", p.op)
+}
+
+func (r *avroReader) enter() error {
+	r.depth++
+	if r.depth > dedupe.MaxNestingDepth {
+		return malformed("avro value nested deeper than %d levels", dedupe.MaxNestingDepth)
+	}
+	return nil
+}
+
+func (r *avroReader) record(dst []byte, p *avroProg) ([]byte, error) {
+	if err := r.enter(); err != nil {
+		return dst, err
+	}
+	dst = append(dst, '{')
+	first := true
+	for i := range p.fields {
+		f := &p.fields[i]
+		if f.prog == nil {
+			if err := r.skip(f.skip); err != nil {
+				return dst, err
+			}
+			continue
+		}
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
+		var err error
+		if dst, err = r.value(append(dst, f.name...), f.prog); err != nil {
+			return dst, err
+		}
+	}
+	for _, d := range p.defaults {
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
+		dst = append(dst, d...)
+	}
+	r.depth--
+	return append(dst, '}'), nil
+}
+
+// blocks reads an array or a map: blocks of items, each block a count
+// (negative: followed by the block's size in bytes), ended by a count of 0.
+func (r *avroReader) blocks(dst []byte, p *avroProg) ([]byte, error) {
+	if err := r.enter(); err != nil {
+		return dst, err
+	}
+	open, closing := byte('['), byte(']')
+	if p.op == opMap {
+		open, closing = '{', '}'
+	}
+	dst = append(dst, open)
+	first := true
+	for {
+		n, err := r.long()
+		if err != nil {
+			return dst, err
+		}
+		if n == 0 {
+			break
+		}
+		if n < 0 {
+			if n == math.MinInt64 {
+				return dst, malformed("avro block count out of range")
+			}
+			n = -n
+			if _, err := r.long(); err != nil {
+				return dst, err
+			}
+		}
+		for ; n > 0; n-- {
+			if len(dst) > r.limit {
+				return dst, malformed("avro value decodes to more than %d bytes", r.limit)
+			}
+			if !first {
+				dst = append(dst, ',')
+			}
+			first = false
+			if p.op == opMap {
+				k, err := r.bytes()
+				if err != nil {
+					return dst, err
+				}
+				if dst, err = appendJSONString(dst, k); err != nil {
+					return dst, err
+				}
+				dst = append(dst, ':')
+			}
+			if dst, err = r.value(dst, p.elem); err != nil {
+				return dst, err
+			}
+		}
+	}
+	r.depth--
+	return append(dst, closing), nil
+}
+
+// skip reads past a value of a writer field the reader does not have.
+func (r *avroReader) skip(s *avroSchema) error {
+	switch s.kind {
+	case avroNull:
+		return nil
+	case avroBoolean:
+		_, err := r.next(1)
+		return err
+	case avroInt, avroLong, avroEnum:
+		_, err := r.long()
+		return err
+	case avroFloat:
+		_, err := r.next(4)
+		return err
+	case avroDouble:
+		_, err := r.next(8)
+		return err
+	case avroBytes, avroString:
+		_, err := r.bytes()
+		return err
+	case avroFixed:
+		_, err := r.next(s.size)
+		return err
+	case avroUnion:
+		i, err := r.long()
+		if err != nil {
+			return err
+		}
+		if i < 0 || i >= int64(len(s.branches)) {
+			return malformed("avro union branch %d of %d", i, len(s.branches))
+		}
+		return r.skip(s.branches[i])
+	}
+	return r.skipComplex(s)
+}
+
+func (r *avroReader) skipComplex(s *avroSchema) error {
+	if err := r.enter(); err != nil {
+		return err
+	}
+	defer func() { r.depth-- }()
+	if s.kind == avroRecord {
+		for _, f := range s.fields {
+			if err := r.skip(f.typ); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for items := 0; ; {
+		n, err := r.long()
+		if err != nil || n == 0 {
+			return err
+		}
+		if n < 0 {
+			size, err := r.long()
+			if err != nil {
+				return err
+			}
+			if size < 0 {
+				return malformed("avro block size %d", size)
+			}
+			_, err = r.next(int(min(size, int64(len(r.data)+1))))
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		for ; n > 0; n-- {
+			if items++; items > r.limit {
+				return malformed("avro value has more than %d items", r.limit)
+			}
+			if s.kind == avroMap {
+				if _, err := r.bytes(); err != nil {
+					return err
+				}
+				err = r.skip(s.values)
+			} else {
+				err = r.skip(s.items)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}

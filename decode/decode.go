@@ -1,0 +1,461 @@
+package decode
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/idemstream/idemstream/dedupe"
+)
+
+// Options say what a pipeline's payloads are and where their schemas are.
+type Options struct {
+	// Format is dedupe.PayloadAvro, PayloadProtobuf or PayloadJSONSchema.
+	Format dedupe.PayloadFormat
+	// Registry reads the schemas that framed payloads name. Nil with
+	// SchemaFile.
+	Registry *Registry
+	// Subject and Version name the reader schema (Version < 1: the
+	// latest, read once when the Decoder opens).
+	Subject string
+	Version int
+	// SchemaFile is a local .avsc or .proto: payloads are then plain Avro
+	// or Protobuf of that one schema, without the registry's framing.
+	SchemaFile string
+	// Message is the Protobuf message's full name ("": the file's first).
+	Message string
+}
+
+// maxWriters bounds the compiled writer schemas a Decoder keeps: a topic
+// whose producers registered more ids than this costs a registry round
+// trip per new id, not memory without end.
+const maxWriters = 4096
+
+// Decoder reads one pipeline's payloads as JSON text. It is safe for
+// concurrent use; it implements dedupe.Decoder.
+type Decoder struct {
+	opts   Options
+	digest string
+	reader readerSchema
+
+	mu      sync.RWMutex
+	writers map[int]*writer
+	local   *writer // SchemaFile's: the reader itself
+}
+
+type readerSchema struct {
+	ref   dedupe.SchemaError // coordinates, Err unused
+	avro  *avroSchema
+	proto *protoSchema
+	msg   protoreflect.MessageDescriptor
+}
+
+// writer is what a Decoder compiled for one writer schema id, or why it
+// cannot read it (an incompatible schema is the same answer every time).
+type writer struct {
+	ref  dedupe.SchemaError
+	err  error
+	avro *avroProg
+	// Protobuf: the writer's file, and per message-index path the reader
+	// message that reads it.
+	proto    *protoSchema
+	protoMu  sync.Mutex
+	messages map[string]protoChoice
+	json     *jsonschema.Schema
+}
+
+type protoChoice struct {
+	md  protoreflect.MessageDescriptor
+	err error
+}
+
+// Open reads the reader schema (from the registry, or SchemaFile) and
+// returns a Decoder. An error wrapping dedupe.ErrRegistryUnavailable may
+// pass: the caller waits and opens again.
+func Open(ctx context.Context, o Options) (*Decoder, error) {
+	d := &Decoder{opts: o, writers: map[int]*writer{}}
+	switch o.Format {
+	case dedupe.PayloadAvro, dedupe.PayloadProtobuf, dedupe.PayloadJSONSchema:
+	default:
+		return nil, fmt.Errorf("payload %q is not read through a schema", o.Format)
+	}
+	var err error
+	if o.SchemaFile != "" {
+		err = d.openFile()
+	} else {
+		err = d.openRegistry(ctx)
+	}
+	if err != nil {
+		return nil, err
+	}
+	d.digest = d.readerDigest()
+	return d, nil
+}
+
+func (d *Decoder) openFile() error {
+	o := d.opts
+	text, err := os.ReadFile(o.SchemaFile)
+	if err != nil {
+		return fmt.Errorf("schema_file: %w", err)
+	}
+	w := &writer{ref: dedupe.SchemaError{Subject: o.SchemaFile}}
+	switch o.Format {
+	case dedupe.PayloadAvro:
+		if d.reader.avro, err = newAvroParser().parse(string(text)); err != nil {
+			return fmt.Errorf("schema_file %s: %w", o.SchemaFile, err)
+		}
+		if w.avro, err = compileAvro(d.reader.avro, d.reader.avro); err != nil {
+			return fmt.Errorf("schema_file %s: %w", o.SchemaFile, err)
+		}
+	case dedupe.PayloadProtobuf:
+		name := filepath.Base(o.SchemaFile)
+		if d.reader.proto, err = compileProto(name, map[string]string{name: string(text)}); err != nil {
+			return fmt.Errorf("schema_file %s: %w", o.SchemaFile, err)
+		}
+		if err := d.pickReaderMessage(); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("schema_file: payload %s is always framed by a registry", o.Format)
+	}
+	d.local = w
+	return nil
+}
+
+func (d *Decoder) openRegistry(ctx context.Context) error {
+	o := d.opts
+	if o.Registry == nil {
+		return errors.New("payload " + string(o.Format) + " needs schema_registry or schema_file")
+	}
+	if o.Format == dedupe.PayloadJSONSchema {
+		// The registry's JSON Schema validates; the payload is the JSON
+		// itself, so there is no reader schema to resolve to.
+		return nil
+	}
+	version := o.Version
+	if version < 1 {
+		version = -1
+	}
+	s, err := o.Registry.subjectSchema(ctx, o.Subject, version)
+	if errors.Is(err, dedupe.ErrUnknownSchema) {
+		return fmt.Errorf("reader_schema: the registry has no subject %q version %s", o.Subject, versionText(version))
+	}
+	if err != nil {
+		return err
+	}
+	d.reader.ref = dedupe.SchemaError{ID: s.ID, Subject: s.Subject, Version: s.Version}
+	sources, order := map[string]string{}, []string{}
+	if err := o.Registry.sources(ctx, s.References, sources, &order, 0); err != nil {
+		return fmt.Errorf("reader_schema %s version %d: %w", s.Subject, s.Version, err)
+	}
+	if err := d.compileReader(s.Schema, sources, order); err != nil {
+		return fmt.Errorf("reader_schema %s version %d: %w", s.Subject, s.Version, err)
+	}
+	return nil
+}
+
+func (d *Decoder) compileReader(s sr.Schema, sources map[string]string, order []string) error {
+	var err error
+	switch d.opts.Format {
+	case dedupe.PayloadAvro:
+		if s.Type != sr.TypeAvro {
+			return fmt.Errorf("is a %s schema, not avro", s.Type)
+		}
+		d.reader.avro, err = parseAvroWithRefs(s.Schema, sources, order)
+		return err
+	default:
+		if s.Type != sr.TypeProtobuf {
+			return fmt.Errorf("is a %s schema, not protobuf", s.Type)
+		}
+		sources[readerFile] = s.Schema
+		if d.reader.proto, err = compileProto(readerFile, sources); err != nil {
+			return err
+		}
+		return d.pickReaderMessage()
+	}
+}
+
+// readerFile and writerFile are the names a registry's main .proto text
+// is compiled under (its references keep the names they are imported by).
+const (
+	readerFile = "idemstream-reader.proto"
+	writerFile = "idemstream-writer.proto"
+)
+
+func (d *Decoder) pickReaderMessage() error {
+	if d.opts.Message == "" {
+		md, err := d.reader.proto.messageByIndexes(nil)
+		if err != nil {
+			return fmt.Errorf("the reader schema has no message")
+		}
+		d.reader.msg = md
+		return nil
+	}
+	md, ok := d.reader.proto.messageByName(protoreflect.FullName(d.opts.Message))
+	if !ok {
+		return fmt.Errorf("reader_schema: no message %s", d.opts.Message)
+	}
+	d.reader.msg = md
+	return nil
+}
+
+func parseAvroWithRefs(text string, sources map[string]string, order []string) (*avroSchema, error) {
+	p := newAvroParser()
+	for _, name := range order {
+		if _, err := p.parse(sources[name]); err != nil {
+			return nil, fmt.Errorf("reference %s: %w", name, err)
+		}
+	}
+	return p.parse(text)
+}
+
+// readerDigest names the reader schema by content, so that a new reader
+// schema is a change of rules.
+func (d *Decoder) readerDigest() string {
+	var b bytes.Buffer
+	b.WriteString(string(d.opts.Format) + ":")
+	switch {
+	case d.reader.avro != nil:
+		d.reader.avro.describe(&b, map[*avroSchema]bool{})
+	case d.reader.msg != nil:
+		b.WriteString(protoDigest(d.reader.msg))
+	}
+	sum := sha256.Sum256(b.Bytes())
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// Digest identifies the reader schema; it joins the pipeline's rules
+// digest.
+func (d *Decoder) Digest() string { return d.digest }
+
+// Reader names the reader schema's coordinates (zero for a local file or
+// JSON Schema payloads).
+func (d *Decoder) Reader() (id int, subject string, version int) {
+	r := d.reader.ref
+	return r.ID, r.Subject, r.Version
+}
+
+// AppendJSON appends value, decoded, to dst as JSON text. Its errors are
+// classified by dedupe.Classify: poison (malformed_payload,
+// unknown_schema, incompatible_schema, invalid_schema,
+// non_finite_number, each a *dedupe.SchemaError with the coordinates) or
+// retryable (the registry did not answer).
+func (d *Decoder) AppendJSON(dst, value []byte) ([]byte, error) {
+	if d.local != nil {
+		return d.decodeWith(dst, d.local, value, nil)
+	}
+	if len(value) < 5 || value[0] != 0 {
+		return dst, fmt.Errorf("%w: no schema registry framing (a 0 byte and a 4-byte schema id) before the %s value", dedupe.ErrMalformedPayload, d.opts.Format)
+	}
+	id := int(binary.BigEndian.Uint32(value[1:5]))
+	w, err := d.writer(id)
+	if err != nil {
+		if dedupe.IsRetryable(err) {
+			return dst, err
+		}
+		return dst, &dedupe.SchemaError{ID: id, Err: err}
+	}
+	return d.decodeWith(dst, w, value[5:], value)
+}
+
+func (d *Decoder) decodeWith(dst []byte, w *writer, body, framed []byte) ([]byte, error) {
+	if w.err != nil {
+		return dst, d.fail(w, w.err)
+	}
+	var out []byte
+	var err error
+	switch {
+	case w.avro != nil:
+		out, err = appendAvroJSON(dst, w.avro, body)
+	case w.json != nil:
+		out, err = validateJSON(dst, w.json, body)
+	default:
+		out, err = d.appendProto(dst, w, body, framed != nil)
+	}
+	if err != nil {
+		return dst, d.fail(w, err)
+	}
+	return out, nil
+}
+
+func (d *Decoder) fail(w *writer, err error) error {
+	e := w.ref
+	e.Err = err
+	return &e
+}
+
+func (d *Decoder) appendProto(dst []byte, w *writer, body []byte, framed bool) ([]byte, error) {
+	if !framed {
+		return appendProtoJSON(dst, d.reader.msg, body)
+	}
+	var key string
+	var indexes []int
+	if len(body) > 0 && body[0] == 0 {
+		body = body[1:]
+	} else {
+		var err error
+		if indexes, body, err = (&sr.ConfluentHeader{}).DecodeIndex(body, 64); err != nil {
+			return dst, fmt.Errorf("%w: protobuf message indexes do not decode: %v", dedupe.ErrMalformedPayload, err)
+		}
+		key = fmt.Sprint(indexes)
+	}
+	md, err := w.readerMessage(key, indexes, d.reader.proto)
+	if err != nil {
+		return dst, err
+	}
+	return appendProtoJSON(dst, md, body)
+}
+
+// readerMessage finds the reader's message for the writer's message at
+// indexes: the same full name, checked field by field once.
+func (w *writer) readerMessage(key string, indexes []int, reader *protoSchema) (protoreflect.MessageDescriptor, error) {
+	w.protoMu.Lock()
+	defer w.protoMu.Unlock()
+	if c, ok := w.messages[key]; ok {
+		return c.md, c.err
+	}
+	var c protoChoice
+	wm, err := w.proto.messageByIndexes(indexes)
+	switch {
+	case err != nil:
+		c.err = err
+	default:
+		rm, ok := reader.messageByName(wm.FullName())
+		if !ok {
+			c.err = fmt.Errorf("%w: the reader schema has no message %s", dedupe.ErrIncompatibleSchema, wm.FullName())
+		} else if c.err = checkProtoCompatible(wm, rm); c.err == nil {
+			c.md = rm
+		}
+	}
+	if len(w.messages) < 64 {
+		w.messages[key] = c
+	}
+	return c.md, c.err
+}
+
+// writer returns the compiled writer schema id names, reading it from the
+// registry the first time.
+func (d *Decoder) writer(id int) (*writer, error) {
+	d.mu.RLock()
+	w, ok := d.writers[id]
+	d.mu.RUnlock()
+	if ok {
+		return w, nil
+	}
+	ctx := context.Background()
+	s, ref, err := d.opts.Registry.byID(ctx, id)
+	if err != nil {
+		// Not cached: a registry that answers later, or an id registered
+		// a moment after the record was written, is read next time.
+		return nil, err
+	}
+	w = &writer{ref: ref, messages: map[string]protoChoice{}}
+	w.err = d.compileWriter(ctx, w, s)
+	if dedupe.IsRetryable(w.err) {
+		return nil, w.err
+	}
+	d.mu.Lock()
+	if len(d.writers) >= maxWriters {
+		for k := range d.writers {
+			delete(d.writers, k)
+			break
+		}
+	}
+	d.writers[id] = w
+	d.mu.Unlock()
+	return w, nil
+}
+
+func (d *Decoder) compileWriter(ctx context.Context, w *writer, s sr.Schema) error {
+	want := map[dedupe.PayloadFormat]sr.SchemaType{dedupe.PayloadAvro: sr.TypeAvro, dedupe.PayloadProtobuf: sr.TypeProtobuf, dedupe.PayloadJSONSchema: sr.TypeJSON}[d.opts.Format]
+	if s.Type != want {
+		return fmt.Errorf("%w: schema id %d is a %s schema, the pipeline reads %s", dedupe.ErrIncompatibleSchema, w.ref.ID, s.Type, d.opts.Format)
+	}
+	sources, order := map[string]string{}, []string{}
+	if err := d.opts.Registry.sources(ctx, s.References, sources, &order, 0); err != nil {
+		if errors.Is(err, dedupe.ErrUnknownSchema) {
+			return fmt.Errorf("%w: a reference of schema id %d: %w", dedupe.ErrIncompatibleSchema, w.ref.ID, err)
+		}
+		return err
+	}
+	switch d.opts.Format {
+	case dedupe.PayloadAvro:
+		ws, err := parseAvroWithRefs(s.Schema, sources, order)
+		if err != nil {
+			return fmt.Errorf("%w: %w", dedupe.ErrIncompatibleSchema, err)
+		}
+		w.avro, err = compileAvro(ws, d.reader.avro)
+		return err
+	case dedupe.PayloadProtobuf:
+		sources[writerFile] = s.Schema
+		var err error
+		w.proto, err = compileProto(writerFile, sources)
+		return err
+	default:
+		var err error
+		w.json, err = compileJSONSchema(w.ref.ID, s.Schema, sources)
+		return err
+	}
+}
+
+func compileJSONSchema(id int, text string, sources map[string]string) (*jsonschema.Schema, error) {
+	c := jsonschema.NewCompiler()
+	for name, src := range sources {
+		doc, err := jsonschema.UnmarshalJSON(strings.NewReader(src))
+		if err != nil {
+			return nil, fmt.Errorf("%w: reference %s is not JSON", dedupe.ErrIncompatibleSchema, name)
+		}
+		if err := c.AddResource(name, doc); err != nil {
+			return nil, fmt.Errorf("%w: reference %s: %v", dedupe.ErrIncompatibleSchema, name, err)
+		}
+	}
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
+	if err != nil {
+		return nil, fmt.Errorf("%w: schema id %d is not JSON", dedupe.ErrIncompatibleSchema, id)
+	}
+	url := fmt.Sprintf("registry:///schemas/ids/%d", id)
+	if err := c.AddResource(url, doc); err != nil {
+		return nil, fmt.Errorf("%w: %v", dedupe.ErrIncompatibleSchema, err)
+	}
+	s, err := c.Compile(url)
+	if err != nil {
+		return nil, fmt.Errorf("%w: schema id %d does not compile: %v", dedupe.ErrIncompatibleSchema, id, err)
+	}
+	return s, nil
+}
+
+// validateJSON checks a JSON Schema payload and appends it unchanged: the
+// canonicalizer reads the JSON itself.
+func validateJSON(dst []byte, s *jsonschema.Schema, body []byte) ([]byte, error) {
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(body))
+	if err != nil {
+		return dst, fmt.Errorf("%w: not JSON: %v", dedupe.ErrMalformedPayload, err)
+	}
+	if err := s.Validate(doc); err != nil {
+		var verr *jsonschema.ValidationError
+		if errors.As(err, &verr) {
+			return dst, fmt.Errorf("%w: %s", dedupe.ErrInvalidSchema, firstLine(verr.Error()))
+		}
+		return dst, fmt.Errorf("%w: %v", dedupe.ErrInvalidSchema, err)
+	}
+	return append(dst, body...), nil
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

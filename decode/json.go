@@ -1,0 +1,115 @@
+package decode
+
+import (
+	"encoding/base64"
+	"fmt"
+	"math"
+	"math/big"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/idemstream/idemstream/dedupe"
+)
+
+// These write the JSON text the canonicalizer then reads. They need not be
+// canonical themselves (the canonicalizer sorts members and rewrites
+// numbers); they must be valid JSON and injective: two different values
+// never come out as the same text.
+
+func appendBool(dst []byte, b bool) []byte {
+	if b {
+		return append(dst, "true"...)
+	}
+	return append(dst, "false"...)
+}
+
+func appendInt(dst []byte, v int64) []byte { return strconv.AppendInt(dst, v, 10) }
+
+// appendFloat writes the shortest decimal that reads back as the same
+// float of that size. A NaN or an infinity has no JSON form and no
+// canonical one: the record is refused.
+func appendFloat(dst []byte, f float64, bits int) ([]byte, error) {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return dst, fmt.Errorf("%w: %v has no canonical form", dedupe.ErrNonFiniteNumber, f)
+	}
+	return strconv.AppendFloat(dst, f, 'g', -1, bits), nil
+}
+
+func appendBase64(dst []byte, b []byte) []byte {
+	dst = append(dst, '"')
+	dst = base64.StdEncoding.AppendEncode(dst, b)
+	return append(dst, '"')
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString quotes s, which must be UTF-8: Avro and Protobuf
+// strings are, and one that is not is a malformed record.
+func appendJSONString(dst []byte, s []byte) ([]byte, error) {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+			continue
+		}
+		if c >= utf8.RuneSelf {
+			r, n := utf8.DecodeRune(s[i:])
+			if r == utf8.RuneError && n == 1 {
+				return dst, fmt.Errorf("%w: string is not valid UTF-8 at byte %d", dedupe.ErrMalformedPayload, i)
+			}
+			i += n - 1
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			dst = append(dst, '\\', c)
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		}
+		start = i + 1
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"'), nil
+}
+
+// appendDecimal writes a decimal's exact value: b is the unscaled value,
+// two's complement big-endian, and scale the digits after the point.
+func appendDecimal(dst []byte, b []byte, scale int) []byte {
+	var digits []byte
+	neg := len(b) > 0 && b[0]&0x80 != 0
+	if len(b) <= 8 {
+		var v int64
+		if neg {
+			v = -1
+		}
+		for _, c := range b {
+			v = v<<8 | int64(c)
+		}
+		if v < 0 {
+			digits = strconv.AppendUint(nil, uint64(-(v+1))+1, 10)
+		} else {
+			digits = strconv.AppendInt(nil, v, 10)
+		}
+	} else {
+		n := new(big.Int).SetBytes(b)
+		if neg {
+			n.Sub(n, new(big.Int).Lsh(big.NewInt(1), uint(8*len(b))))
+			n.Neg(n)
+		}
+		digits = n.Append(nil, 10)
+	}
+	if neg {
+		dst = append(dst, '-')
+	}
+	if scale == 0 {
+		return append(dst, digits...)
+	}
+	for len(digits) <= scale {
+		digits = append([]byte{'0'}, digits...)
+	}
+	dst = append(dst, digits[:len(digits)-scale]...)
+	dst = append(dst, '.')
+	return append(dst, digits[len(digits)-scale:]...)
+}
