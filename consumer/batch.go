@@ -254,32 +254,23 @@ func (p *Pipeline) keepLonger(pz *pauser, comps []dedupe.Completion) {
 }
 
 // conflictUnderCurrentRules settles a mismatch against an entry made under
-// other rules: the first copy, read back from its source, is fingerprinted
-// under the current rules. A rules change must not flood the DLQ with false
-// conflicts, nor let a real one pass. Only a first copy that is gone
-// (retention) makes the record a replay, as the documentation says for rules changes; a
-// fetch that fails pauses the partition and is tried again, never read as
-// "gone".
+// other rules: the first copy, read back from its source, is checked under
+// the current rules by the decider (SameRequestUnderCurrentRules, the one
+// verdict the front door uses too). A rules change must not flood the DLQ
+// with false conflicts, nor let a real one pass. A fetch that fails, or a
+// schema registry that does not answer, pauses the partition and is tried
+// again, never read as "gone" or "the same".
 func (p *Pipeline) conflictUnderCurrentRules(ctx context.Context, pz *pauser, o *dedupe.Outcome) (bool, error) {
-	msg, ok, err := p.firstCopy(ctx, pz, o.Decision.Entry.FirstSource)
-	if err != nil || !ok {
-		return false, err
-	}
-	// A first copy read through a schema needs the registry: while it
-	// does not answer, the partition pauses; an unknown answer is never
-	// taken for "the same request".
-	var fp string
-	err = pz.retryStore(ctx, "read the first copy's schema", func() (err error) {
-		fp, err = p.canon.Fingerprint(msg.Value)
-		if !dedupe.IsRetryable(err) {
-			return nil
-		}
-		return err
-	})
+	msg, found, err := p.firstCopy(ctx, pz, o.Decision.Entry.FirstSource)
 	if err != nil {
 		return false, err
 	}
-	return fp != "" && fp != o.Fingerprint, nil
+	var same bool
+	err = pz.retryStore(ctx, "check the first copy under the current rules", func() (err error) {
+		same, err = p.cfg.Decider.SameRequestUnderCurrentRules(o, msg.Value, found)
+		return err
+	})
+	return !same, err
 }
 
 // firstCopy reads the input record at source, pausing while the broker

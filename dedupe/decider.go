@@ -227,6 +227,28 @@ func (d *Decider) NeedsRulesCheck(o *Outcome) bool {
 	return o.Kind == OutcomeConflict && o.Decision.RulesChanged && o.Decision.Mismatch && d.policy.Semantics == Strict
 }
 
+// SameRequestUnderCurrentRules is the one verdict of a rules check (see
+// NeedsRulesCheck), whoever reads the first copy back (the consumer from
+// its input topic, the front door from its store): first, the entry's
+// first copy, is the same request as o's record under the current rules.
+// A first copy gone (found false: retention) is no evidence of a
+// conflict, as the documentation promises for rules changes. One that no
+// longer reads under the current rules (its schema deleted, a payload the
+// old rules took) cannot be shown to be the same request: it stays a
+// conflict, which acts on nothing. A retryable error (a schema registry
+// that did not answer) is returned: the caller pauses and checks again,
+// never guessing.
+func (d *Decider) SameRequestUnderCurrentRules(o *Outcome, first []byte, found bool) (bool, error) {
+	if !found {
+		return true, nil
+	}
+	fp, err := d.canon.Fingerprint(first)
+	if IsRetryable(err) {
+		return false, err
+	}
+	return err == nil && fp == o.Fingerprint, nil
+}
+
 // DecideRulesChecked decides recs as Decide (wait) or DecideAvailable does,
 // telling the store that each record's first copy is the same request
 // under the current rules (DecideRequest.RulesChecked).

@@ -132,7 +132,8 @@ func TestNewCanonicalizerErrors(t *testing.T) {
 		{CanonicalRules{Volatile: []string{"/ok", "/a/~2"}}, `volatile[1]: "/a/~2": invalid escape ~2`},
 		{CanonicalRules{Volatile: []string{""}}, `volatile[0]: "": the empty pointer selects the whole document`},
 		{CanonicalRules{Unordered: []string{"items"}}, `unordered[0]: "items": must start with "/"`},
-		{CanonicalRules{Payload: "xml"}, `unknown payload format "xml" (want "json" or "raw")`},
+		{CanonicalRules{Payload: "xml"}, `unknown payload format "xml" (want json, raw, avro, protobuf or json_schema)`},
+		{CanonicalRules{Payload: PayloadAvro}, `payload "avro" needs a schema (schema_registry or schema_file)`},
 		{CanonicalRules{Payload: PayloadRaw, Volatile: []string{"/a"}}, `payload "raw" cannot have volatile or unordered paths`},
 		{CanonicalRules{Payload: PayloadRaw, Unordered: []string{"/a"}}, `payload "raw" cannot have volatile or unordered paths`},
 	} {

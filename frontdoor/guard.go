@@ -372,11 +372,13 @@ func (g *Guard) rulesChecked(q *request, o *dedupe.Outcome) ([]dedupe.Outcome, [
 	if err != nil {
 		return nil, nil, err
 	}
-	if found {
-		if fp, err := g.canon.Fingerprint(first); err != nil || fp != o.Fingerprint {
-			o.Kind = dedupe.OutcomeConflict
-			return []dedupe.Outcome{*o}, nil, nil
-		}
+	same, err := g.decider.SameRequestUnderCurrentRules(o, first, found)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !same {
+		o.Kind = dedupe.OutcomeConflict
+		return []dedupe.Outcome{*o}, nil, nil
 	}
 	return g.decider.DecideRulesChecked(q.store, q.holder, []dedupe.Record{q.rec}, q.intent, false)
 }

@@ -29,6 +29,33 @@ type contractPipeline struct {
 	Pending       string
 	Failed        string
 	RulesDigest   string
+	// SchemaRule says how an avro, protobuf or json_schema payload is read
+	// and what a schema change means for a client's retries.
+	SchemaRule string
+}
+
+// schemaRule is the contract's sentence on payloads read through a
+// schema ("" for json and raw).
+func schemaRule(p Pipeline) string {
+	if !p.ReadsSchema() {
+		return ""
+	}
+	where := fmt.Sprintf("in the schema registry's wire format (a 0 byte, the 4-byte schema id%s)", map[bool]string{true: ", the message indexes", false: ""}[p.Payload == string(dedupe.PayloadProtobuf)])
+	if p.SchemaFile != "" {
+		where = fmt.Sprintf("as plain %s of `%s`, without registry framing", p.Payload, p.SchemaFile)
+	}
+	if p.Payload == string(dedupe.PayloadJSONSchema) {
+		return "Commands are JSON " + where + ", validated against the JSON Schema their id names (`invalid_schema` otherwise) and compared as JSON."
+	}
+	version := "its latest version when the service starts"
+	if v := p.ReaderVersion(); v > 0 {
+		version = fmt.Sprintf("version %d", v)
+	}
+	reader := fmt.Sprintf("Each is read as the reader schema, subject `%s` at %s, and compared field by field as the JSON Pointers above name them.", p.ReaderSubject(), version)
+	if p.SchemaFile != "" {
+		reader = "Each is compared field by field as the JSON Pointers above name them."
+	}
+	return fmt.Sprintf("Commands are %s %s. %s A compatible new schema version (a field added or removed with a default, fields reordered or renamed with an alias) keeps your retries replays of copies written before; a field that only a newer version than the reader schema has is not compared until the service reads that version. An id the registry does not know is rejected (`unknown_schema`), a schema that cannot be read as the reader schema too (`incompatible_schema`), and so are NaN and infinities (`non_finite_number`).", p.Payload, where, reader)
 }
 
 var semanticsText = map[string][3]string{
@@ -80,6 +107,7 @@ func describePipeline(cfg *Config, p Pipeline) (contractPipeline, error) {
 		return cp, err
 	}
 	cp.RulesDigest = canon.RulesDigest()
+	cp.SchemaRule = schemaRule(p)
 	return cp, nil
 }
 
@@ -117,7 +145,7 @@ Send commands to ` + "`{{.Input}}`" + `. Each idempotency key gets exactly one r
 1. **Key**: {{.KeyWhere}}; {{.KeyFormat}}. A missing key is rejected (` + "`missing_key`" + `), a malformed one too (` + "`invalid_key`" + `). Use a new key for every new request; never reuse a business identifier such as an order number as the key.
 2. **Semantics**: {{.SemanticsName}}. Same key, same body: {{.SameBody}}. Same key, another body: {{.OtherBody}}.
 3. **Window**: {{.Window}}. {{.AfterWindow}}
-4. **Volatile fields** (ignored when comparing bodies, safe to change on retry): {{code .Volatile}}. {{if eq .Payload "raw"}}This pipeline compares raw bytes: any byte change is another body.{{else}}Arrays compared as unordered sets: {{code .Unordered}}. Bodies are compared in RFC 8785 canonical form: member order, whitespace, number spelling (` + "`50`, `50.0`, `5e1`" + `) and string escapes never matter.{{end}}
+4. **Volatile fields** (ignored when comparing bodies, safe to change on retry): {{code .Volatile}}. {{if eq .Payload "raw"}}This pipeline compares raw bytes: any byte change is another body.{{else}}Arrays compared as unordered sets: {{code .Unordered}}. Bodies are compared in RFC 8785 canonical form: member order, whitespace, number spelling (` + "`50`, `50.0`, `5e1`" + `) and string escapes never matter.{{end}}{{if .SchemaRule}} {{.SchemaRule}}{{end}}
 5. **While pending**: {{.Pending}}
 
 Failures: {{.Failed}}
@@ -183,7 +211,7 @@ func ContractAsyncAPI(cfg *Config) ([]byte, error) {
 			"name":        n + ".command",
 			"title":       "Command of " + n,
 			"summary":     p.SemanticsName,
-			"contentType": map[bool]string{true: "application/octet-stream", false: "application/json"}[p.Payload == "raw"],
+			"contentType": contentType(p.Payload),
 			"x-idempotency": m{
 				"key":             m{"from": p.Key.From, "name": p.Key.Name, "format": p.Key.Format, "maxLength": p.Key.MaxLength},
 				"semantics":       p.Semantics,
@@ -203,6 +231,18 @@ func ContractAsyncAPI(cfg *Config) ([]byte, error) {
 		if p.Key.From == string(dedupe.KeyFromHeader) {
 			command["headers"] = m{"type": "object", "required": []string{p.Key.Name}, "properties": m{p.Key.Name: keyHeader}}
 		}
+		if p.ReadsSchema() {
+			// The schema itself stays in the registry: the contract names
+			// where it is and how records are read against it.
+			ref := m{"wireFormat": "confluent", "subject": p.ReaderSubject(), "version": "latest", "rule": p.SchemaRule}
+			if v := p.ReaderVersion(); v > 0 {
+				ref["version"] = v
+			}
+			if p.SchemaFile != "" {
+				ref = m{"wireFormat": "plain", "file": p.SchemaFile, "rule": p.SchemaRule}
+			}
+			command["x-idempotency"].(m)["readerSchema"] = ref
+		}
 		result := m{
 			"name": n + ".result", "title": "Result of " + n,
 			"headers": m{"type": "object", "required": []string{"idemstream-key", "idemstream-fingerprint", "idemstream-source", "idemstream-outcome"},
@@ -217,7 +257,7 @@ func ContractAsyncAPI(cfg *Config) ([]byte, error) {
 			"name": n + ".dead-letter", "title": "Dead letter of " + n,
 			"headers": m{"type": "object", "required": []string{"idemstream-reason", "idemstream-error", "idemstream-source"},
 				"properties": m{
-					"idemstream-reason":            m{"enum": []string{"conflict", "missing_key", "invalid_key", "malformed_payload", "payload_too_large", "invalid_schema", "handler_failed"}},
+					"idemstream-reason":            m{"enum": []string{"conflict", "missing_key", "invalid_key", "malformed_payload", "payload_too_large", "invalid_schema", "unknown_schema", "incompatible_schema", "non_finite_number", "handler_failed"}},
 					"idemstream-error":             m{"type": "string"},
 					"idemstream-source":            m{"type": "string"},
 					"idemstream-fingerprint":       m{"type": "string"},
@@ -275,4 +315,17 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return s
+}
+
+// contentType is the AsyncAPI content type of a pipeline's commands.
+func contentType(payload string) string {
+	switch dedupe.PayloadFormat(payload) {
+	case dedupe.PayloadRaw:
+		return "application/octet-stream"
+	case dedupe.PayloadAvro:
+		return "application/vnd.apache.avro+binary"
+	case dedupe.PayloadProtobuf:
+		return "application/x-protobuf"
+	}
+	return "application/json"
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/idemstream/idemstream/dedupe"
@@ -14,8 +15,10 @@ import (
 )
 
 // pipelineCanonicalizer loads the config and builds the canonicalizer of
-// one pipeline: the same code path the consumer uses.
-func pipelineCanonicalizer(e *env, cf *configFlags, name string) (*dedupe.Canonicalizer, error) {
+// one pipeline: the same code path the consumer uses. schemaFile, when
+// set, reads the payloads offline as plain (unframed) Avro or Protobuf of
+// that .avsc or .proto, in place of the pipeline's registry.
+func pipelineCanonicalizer(e *env, cf *configFlags, name, schemaFile string) (*dedupe.Canonicalizer, error) {
 	cfg, err := cf.load(e)
 	if err != nil {
 		return nil, err
@@ -24,11 +27,38 @@ func pipelineCanonicalizer(e *env, cf *configFlags, name string) (*dedupe.Canoni
 	if err != nil {
 		return nil, err
 	}
+	if schemaFile != "" {
+		if p, err = withSchemaFile(p, schemaFile); err != nil {
+			return nil, err
+		}
+	}
 	pol, err := cfg.Policy(p)
 	if err != nil {
 		return nil, err
 	}
 	return dedupe.NewCanonicalizer(pol.Rules)
+}
+
+// withSchemaFile points a pipeline at a local schema: an .avsc makes its
+// payloads avro, a .proto protobuf, whatever the file said.
+func withSchemaFile(p schemas.Pipeline, file string) (schemas.Pipeline, error) {
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		return p, usagef("--schema %s: %v", file, err)
+	}
+	switch strings.ToLower(filepath.Ext(file)) {
+	case ".avsc":
+		p.Payload = string(dedupe.PayloadAvro)
+	case ".proto":
+		p.Payload = string(dedupe.PayloadProtobuf)
+	default:
+		return p, usagef("--schema %s: want an .avsc or a .proto file", file)
+	}
+	p.SchemaFile = abs
+	if p.ReaderSchema != nil {
+		p.ReaderSchema = &schemas.ReaderSchema{Message: p.ReaderSchema.Message}
+	}
+	return p, nil
 }
 
 // pickPipeline finds the --pipeline named, which may be left out when the
@@ -60,9 +90,10 @@ func readInput(e *env, name string) ([]byte, error) {
 }
 
 func cmdHash(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "hash", "-c FILE [--pipeline NAME] [-o text|json] [FILE|-]")
+	fs := newFlags(e, "hash", "-c FILE [--pipeline NAME] [--schema FILE] [-o text|json] [FILE|-]")
 	cf := addConfigFlags(fs)
 	pipeline := fs.String("pipeline", "", "pipeline whose rules apply (optional when the config has one)")
+	schemaFile := fs.String("schema", "", "read the payload offline as plain Avro or Protobuf of this .avsc or .proto (no registry framing)")
 	outputOf := outputFlag(fs, "text", "text", "json")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -78,7 +109,7 @@ func cmdHash(_ context.Context, e *env, args []string) error {
 	if fs.NArg() == 1 {
 		input = fs.Arg(0)
 	}
-	canon, err := pipelineCanonicalizer(e, cf, *pipeline)
+	canon, err := pipelineCanonicalizer(e, cf, *pipeline, *schemaFile)
 	if err != nil {
 		return err
 	}
@@ -109,9 +140,10 @@ func writeJSON(e *env, v any) error {
 }
 
 func cmdDiff(_ context.Context, e *env, args []string) error {
-	fs := newFlags(e, "diff", "-c FILE [--pipeline NAME] [-o text|json] A B")
+	fs := newFlags(e, "diff", "-c FILE [--pipeline NAME] [--schema FILE] [-o text|json] A B")
 	cf := addConfigFlags(fs)
 	pipeline := fs.String("pipeline", "", "pipeline whose rules apply (optional when the config has one)")
+	schemaFile := fs.String("schema", "", "read the payloads offline as plain Avro or Protobuf of this .avsc or .proto (no registry framing)")
 	outputOf := outputFlag(fs, "text", "text", "json")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -123,7 +155,7 @@ func cmdDiff(_ context.Context, e *env, args []string) error {
 	if fs.NArg() != 2 {
 		return usagef("diff takes two payload files A and B, got %d", fs.NArg())
 	}
-	canon, err := pipelineCanonicalizer(e, cf, *pipeline)
+	canon, err := pipelineCanonicalizer(e, cf, *pipeline, *schemaFile)
 	if err != nil {
 		return err
 	}

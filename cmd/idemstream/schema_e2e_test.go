@@ -9,8 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bufbuild/protocompile"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/internal/testenv"
@@ -172,4 +176,98 @@ func appendToConfig(t *testing.T, config, text string) string {
 		t.Fatal(err)
 	}
 	return config
+}
+
+const (
+	claimProtoV1 = `syntax = "proto3";
+package coupon.v1;
+message Claim {
+  int64 coupon_id = 1;
+  string user_id = 2;
+  int64 amount = 3;
+  string client_time = 4;
+  repeated Item items = 5;
+  message Item { string sku = 1; int32 qty = 2; }
+}`
+	// v2 adds a field: old copies read with its default.
+	claimProtoV2 = `syntax = "proto3";
+package coupon.v1;
+message Claim {
+  int64 coupon_id = 1;
+  string user_id = 2;
+  int64 amount = 3;
+  string client_time = 4;
+  repeated Item items = 5;
+  string channel = 6;
+  message Item { string sku = 1; int32 qty = 2; }
+}`
+)
+
+// descriptorSet compiles a .proto text into the FileDescriptorSet the
+// Java encoder reads.
+func descriptorSet(t *testing.T, name, text string) []byte {
+	t.Helper()
+	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
+		Accessor: protocompile.SourceAccessorFromMap(map[string]string{name: text})})}
+	files, err := c.Compile(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := &descriptorpb.FileDescriptorSet{File: []*descriptorpb.FileDescriptorProto{protodesc.ToFileDescriptorProto(files[0])}}
+	b, err := proto.Marshal(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestRunProtobufThroughARealRegistry is the incident in Protobuf, with
+// records written by protobuf-java: the retries are replays, a changed
+// amount a conflict naming /amount, and a retry written under the
+// producer's next schema version no false conflict.
+func TestRunProtobufThroughARealRegistry(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	redisAddr := testenv.RedisAddr(t)
+	reg := testenv.StartSchemaRegistry(t)
+	cl, err := sr.NewClient(sr.URLs(reg.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, in, out, dlq := pipelineTopics(t, brokers, "proto", 1)
+	v1 := registerSchema(t, cl, in+"-value", claimProtoV1, sr.TypeProtobuf)
+	config := writeRunConfig(t, brokers, redisAddr, run, fmt.Sprintf(
+		"{name: p, input: %s, output: %s, dlq: %s, key: {format: any}, payload: protobuf, volatile: [/client_time], unordered: [/items]}", in, out, dlq))
+	inst := startInstance(t, withRegistry(t, config, reg.URL), nil)
+	waitUntil(t, 90*time.Second, "ready", func() bool { code, _ := inst.get("/readyz"); return code == 200 })
+
+	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	set1 := descriptorSet(t, "claim.proto", claimProtoV1)
+	recs := testenv.JavaProtobuf(t, set1, "coupon.v1.Claim", v1, []int{0},
+		`{"couponId":"1","userId":"u-1","amount":"50","clientTime":"10:00:00","items":[{"sku":"A","qty":1},{"sku":"B","qty":2}]}`,
+		`{"couponId":"1","userId":"u-1","amount":"50","clientTime":"10:00:07","items":[{"sku":"B","qty":2},{"sku":"A","qty":1}]}`,
+		`{"couponId":"2","userId":"u-2","amount":"50","clientTime":"10:00:00"}`,
+		`{"couponId":"2","userId":"u-2","amount":"60","clientTime":"10:00:09"}`)
+	v2 := registerSchema(t, cl, in+"-value", claimProtoV2, sr.TypeProtobuf)
+	set2 := descriptorSet(t, "claim.proto", claimProtoV2)
+	upgraded := testenv.JavaProtobuf(t, set2, "coupon.v1.Claim", v2, []int{0},
+		`{"couponId":"1","userId":"u-1","amount":"50","clientTime":"10:01:00","items":[{"sku":"A","qty":1},{"sku":"B","qty":2}]}`)
+	produce(t, io,
+		produced{in, 0, nil, key("k1"), string(recs[0])},
+		produced{in, 0, nil, key("k1"), string(recs[1])},
+		produced{in, 0, nil, key("k2"), string(recs[2])},
+		produced{in, 0, nil, key("k2"), string(recs[3])},
+		produced{in, 0, nil, key("k1"), string(upgraded[0])},
+	)
+	waitUntil(t, 60*time.Second, "every record decided", func() bool {
+		return inst.metric("idemstream_records_total", "pipeline", "p", "outcome", "first") == 2 &&
+			inst.metric("idemstream_records_total", "pipeline", "p", "outcome", "replay") == 2 &&
+			inst.metric("idemstream_records_total", "pipeline", "p", "outcome", "conflict") == 1
+	})
+	if n := len(readTopic(t, io, out)); n != 2 {
+		t.Errorf("%d results, want 2", n)
+	}
+	dl := readTopic(t, io, dlq)
+	if len(dl) != 1 || hv(dl[0], sinks.HeaderReason) != "conflict" || hv(dl[0], sinks.HeaderConflictPaths) != "/amount" {
+		t.Errorf("dead letters %v, want one conflict naming /amount", dl)
+	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemstream/idemstream/consumer"
 	"github.com/idemstream/idemstream/dedupe/redisstore"
+	"github.com/idemstream/idemstream/schemas"
 	"github.com/idemstream/idemstream/sinks"
 )
 
@@ -76,6 +77,7 @@ func cmdValidate(ctx context.Context, e *env, args []string) (err error) {
 		}
 	}
 
+	checkSchemas(ctx, e, cfg, problem)
 	if cfg.Store.Kind == "redis" {
 		store, closeStore, err := consumer.OpenStore(cfg, e.getenv)
 		if err != nil {
@@ -104,4 +106,34 @@ func cmdValidate(ctx context.Context, e *env, args []string) (err error) {
 		return fmt.Errorf("%d problem(s) found", problems)
 	}
 	return nil
+}
+
+// checkSchemas checks the schema registry (it answers, the credentials may
+// read it) and reads each pipeline's reader schema, as run does at start.
+func checkSchemas(ctx context.Context, e *env, cfg *schemas.Config, problem func(string, ...any)) {
+	if cfg.SchemaRegistry != nil {
+		reg, err := cfg.Registry()
+		if err == nil {
+			err = reg.Check(ctx)
+		}
+		if err != nil {
+			problem("schema registry: %v", err)
+			return
+		}
+		fmt.Fprintf(e.stdout, "schema registry: %s answers\n", cfg.SchemaRegistry.URL)
+	}
+	for _, p := range cfg.Pipelines {
+		d, err := cfg.Decoder(ctx, p)
+		switch {
+		case err != nil:
+			problem("%v", err)
+		case d != nil:
+			id, subject, version := d.Reader()
+			if subject == "" {
+				fmt.Fprintf(e.stdout, "schema: pipeline %s reads %s payloads (%s)\n", p.Name, p.Payload, d.Digest())
+				continue
+			}
+			fmt.Fprintf(e.stdout, "schema: pipeline %s resolves %s records to %s version %d (id %d)\n", p.Name, p.Payload, subject, version, id)
+		}
+	}
 }

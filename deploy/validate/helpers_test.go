@@ -133,7 +133,7 @@ var targetLabels = []string{"job", "instance", "namespace", "pod", "service", "c
 // knownLabelValues are the values the documentation defines for enumerated labels.
 var knownLabelValues = map[string][]string{
 	"outcome": {"first", "replay", "conflict", "invalid", "failed"},
-	"reason":  {"conflict", "missing_key", "invalid_key", "malformed_payload", "payload_too_large", "invalid_schema", "handler_failed"},
+	"reason":  {"conflict", "missing_key", "invalid_key", "malformed_payload", "payload_too_large", "invalid_schema", "unknown_schema", "incompatible_schema", "non_finite_number", "handler_failed"},
 	"op":      {"decide", "complete", "lookup"},
 }
 

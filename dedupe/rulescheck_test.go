@@ -1,0 +1,65 @@
+package dedupe_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/dedupe/memstore"
+)
+
+// flakyDecoder reads JSON as itself, or fails as a registry that does not
+// answer.
+type flakyDecoder struct{ down bool }
+
+func (f *flakyDecoder) AppendJSON(dst, v []byte) ([]byte, error) {
+	if f.down {
+		return dst, fmt.Errorf("%w: connection refused", dedupe.ErrRegistryUnavailable)
+	}
+	return append(dst, v...), nil
+}
+
+func (f *flakyDecoder) Digest() string { return "sha256:test" }
+
+// TestSameRequestUnderCurrentRules is the one verdict the consumer and the
+// front door both take after a rules change.
+func TestSameRequestUnderCurrentRules(t *testing.T) {
+	dec := &flakyDecoder{}
+	pol := policy(dedupe.Strict)
+	pol.Rules = dedupe.CanonicalRules{Payload: dedupe.PayloadAvro, Decoder: dec, Volatile: []string{"/t"}}
+	d, err := dedupe.NewDecider(pol, memstore.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, err := d.Canonicalizer().Fingerprint([]byte(`{"a":1,"t":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &dedupe.Outcome{Fingerprint: fp}
+	for _, c := range []struct {
+		name  string
+		first string
+		found bool
+		same  bool
+	}{
+		{"gone from the topic", "", false, true},
+		{"the same request", `{"t":9,"a":1}`, true, true},
+		{"another request", `{"a":2}`, true, false},
+		{"no longer readable", `{"a":`, true, false},
+	} {
+		same, err := d.SameRequestUnderCurrentRules(o, []byte(c.first), c.found)
+		if err != nil || same != c.same {
+			t.Errorf("%s: same %v, %v; want %v", c.name, same, err, c.same)
+		}
+	}
+	dec.down = true
+	if _, err := d.SameRequestUnderCurrentRules(o, []byte(`{"a":1}`), true); !errors.Is(err, dedupe.ErrRegistryUnavailable) {
+		t.Fatalf("registry down: %v, want the retryable error, not a verdict", err)
+	}
+	// Deciding a batch while the registry is down decides nothing.
+	outs, err := d.Decide(t.Context(), "h", []dedupe.Record{{Topic: "in", Value: []byte(`{"a":1}`), Headers: []dedupe.Header{{Key: "Idempotency-Key", Value: []byte(keyA)}}}}, nil)
+	if !dedupe.IsRetryable(err) || outs[0].Kind != "" {
+		t.Fatalf("decide with the registry down: %v %+v, want a retryable error and no outcome", err, outs)
+	}
+}
