@@ -36,7 +36,7 @@ func (o Options) withDefaults() Options {
 		o.VolatileShare = DefaultVolatileShare
 	}
 	if !o.Configured {
-		o.Policy.Rules = dedupe.CanonicalRules{Payload: o.Policy.Rules.Payload}
+		o.Policy.Rules = dedupe.CanonicalRules{Payload: o.Policy.Rules.Payload, Decoder: o.Policy.Rules.Decoder}
 		o.Policy.Semantics = dedupe.Strict
 		o.Policy.Window = dedupe.Strict.DefaultWindow()
 	}

@@ -229,8 +229,25 @@ func pipelineName(topic string) string {
 
 // Suggested configuration file: the field order of docs/configuration.md.
 type yamlConfig struct {
-	Kafka     yamlKafka      `yaml:"kafka"`
-	Pipelines []yamlPipeline `yaml:"pipelines"`
+	Kafka          yamlKafka      `yaml:"kafka"`
+	SchemaRegistry *yamlRegistry  `yaml:"schema_registry,omitempty"`
+	Pipelines      []yamlPipeline `yaml:"pipelines"`
+}
+
+// yamlRegistry and yamlReader carry an audited avro, protobuf or
+// json_schema pipeline's schema into the suggested file.
+type yamlRegistry struct {
+	URL         string   `yaml:"url"`
+	Username    string   `yaml:"username,omitempty"`
+	PasswordEnv string   `yaml:"password_env,omitempty"`
+	TLS         *yamlTLS `yaml:"tls,omitempty"`
+	Timeout     string   `yaml:"timeout,omitempty"`
+}
+
+type yamlReader struct {
+	Subject string `yaml:"subject,omitempty"`
+	Version any    `yaml:"version,omitempty"`
+	Message string `yaml:"message,omitempty"`
 }
 
 type yamlKafka struct {
@@ -263,24 +280,26 @@ type yamlKey struct {
 }
 
 type yamlPipeline struct {
-	Name                   string   `yaml:"name"`
-	Group                  string   `yaml:"group,omitempty"`
-	Input                  string   `yaml:"input"`
-	Output                 string   `yaml:"output"`
-	DLQ                    string   `yaml:"dlq"`
-	Replies                string   `yaml:"replies,omitempty"`
-	Key                    yamlKey  `yaml:"key"`
-	Semantics              string   `yaml:"semantics"`
-	Window                 string   `yaml:"window"`
-	Clock                  string   `yaml:"clock"`
-	Volatile               []string `yaml:"volatile,flow"`
-	Unordered              []string `yaml:"unordered,flow"`
-	Payload                string   `yaml:"payload"`
-	Schema                 string   `yaml:"schema,omitempty"`
-	MaxPayloadBytes        int      `yaml:"max_payload_bytes"`
-	PendingTimeout         string   `yaml:"pending_timeout"`
-	FailedTTL              string   `yaml:"failed_ttl,omitempty"`
-	ClientMaxRetryInterval string   `yaml:"client_max_retry_interval"`
+	Name                   string      `yaml:"name"`
+	Group                  string      `yaml:"group,omitempty"`
+	Input                  string      `yaml:"input"`
+	Output                 string      `yaml:"output"`
+	DLQ                    string      `yaml:"dlq"`
+	Replies                string      `yaml:"replies,omitempty"`
+	Key                    yamlKey     `yaml:"key"`
+	Semantics              string      `yaml:"semantics"`
+	Window                 string      `yaml:"window"`
+	Clock                  string      `yaml:"clock"`
+	Volatile               []string    `yaml:"volatile,flow"`
+	Unordered              []string    `yaml:"unordered,flow"`
+	Payload                string      `yaml:"payload"`
+	ReaderSchema           *yamlReader `yaml:"reader_schema,omitempty"`
+	SchemaFile             string      `yaml:"schema_file,omitempty"`
+	Schema                 string      `yaml:"schema,omitempty"`
+	MaxPayloadBytes        int         `yaml:"max_payload_bytes"`
+	PendingTimeout         string      `yaml:"pending_timeout"`
+	FailedTTL              string      `yaml:"failed_ttl,omitempty"`
+	ClientMaxRetryInterval string      `yaml:"client_max_retry_interval"`
 }
 
 // suggestConfig writes a configuration with one pipeline: the audited one
@@ -315,6 +334,7 @@ func suggestConfig(cfg *schemas.Config, p schemas.Pipeline, topic string, rep *a
 		}
 		return path
 	}
+	suggestSchema(cfg, p, &yc, abs)
 	if t := k.TLS; t != nil {
 		yc.Kafka.TLS = &yamlTLS{Enabled: t.Enabled, CAFile: abs(t.CAFile), CertFile: abs(t.CertFile), KeyFile: abs(t.KeyFile), ServerName: t.ServerName}
 	}
@@ -375,6 +395,28 @@ func progressLine(w io.Writer) func(audit.Progress) {
 		fmt.Fprintf(w, "\r\033[K%s: %d/%d records (%.0f%%, %.0f/s)", what, p.Read, p.Total, pct, rate)
 		if p.Read == p.Total {
 			started = time.Now()
+		}
+	}
+}
+
+// suggestSchema keeps where an audited pipeline's schema comes from: the
+// registry, the reader schema or the local file.
+func suggestSchema(cfg *schemas.Config, p schemas.Pipeline, yc *yamlConfig, abs func(string) string) {
+	if !p.ReadsSchema() {
+		return
+	}
+	yp := &yc.Pipelines[0]
+	yp.SchemaFile = abs(p.SchemaFile)
+	if r := p.ReaderSchema; r != nil {
+		yp.ReaderSchema = &yamlReader{Subject: r.Subject, Version: r.Version, Message: r.Message}
+	}
+	if r := cfg.SchemaRegistry; r != nil && p.SchemaFile == "" {
+		yc.SchemaRegistry = &yamlRegistry{URL: r.URL, Username: r.Username, PasswordEnv: r.PasswordEnv}
+		if r.Timeout != 0 {
+			yc.SchemaRegistry.Timeout = r.Timeout.String()
+		}
+		if t := r.TLS; t != nil {
+			yc.SchemaRegistry.TLS = &yamlTLS{CAFile: abs(t.CAFile), CertFile: abs(t.CertFile), KeyFile: abs(t.KeyFile)}
 		}
 	}
 }

@@ -271,3 +271,62 @@ func TestRunProtobufThroughARealRegistry(t *testing.T) {
 		t.Errorf("dead letters %v, want one conflict naming /amount", dl)
 	}
 }
+
+// TestAuditReadsAnAvroTopic: audit finds the volatile field and the
+// unordered array of an Avro topic and suggests a configuration that
+// keeps the payload, the registry and the reader schema.
+func TestAuditReadsAnAvroTopic(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	reg := testenv.StartSchemaRegistry(t)
+	cl, err := sr.NewClient(sr.URLs(reg.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, in, _, _ := pipelineTopics(t, brokers, "avro-audit", 1)
+	id := registerSchema(t, cl, in+"-value", claimAvroV1, sr.TypeAvro)
+	var jsonRecs []string
+	var keys []string
+	for k := range 20 {
+		for c := range 3 {
+			items := `[{"sku":"A","qty":1},{"sku":"B","qty":2}]`
+			if c == 1 {
+				items = `[{"sku":"B","qty":2},{"sku":"A","qty":1}]`
+			}
+			jsonRecs = append(jsonRecs, fmt.Sprintf(`{"coupon_id":%d,"user_id":"u","amount":50,"client_time":"t-%d-%d","items":%s}`, k, k, c, items))
+			keys = append(keys, uuidN(k))
+		}
+	}
+	recs := testenv.JavaAvro(t, claimAvroV1, id, jsonRecs...)
+	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	var msgs []produced
+	for i, r := range recs {
+		msgs = append(msgs, produced{in, 0, nil, key(keys[i]), string(r)})
+	}
+	produce(t, io, msgs...)
+
+	dir := t.TempDir()
+	config := writeFile(t, dir, "c.yaml", fmt.Sprintf("kafka: {brokers: [%s]}\nschema_registry: {url: '%s'}\npipelines:\n  - {name: p, input: %s, output: out, dlq: dlq, payload: avro}\n",
+		strings.Join(brokers, ","), reg.URL, in))
+	suggested := dir + "/suggested.yaml"
+	r := runCLI(t, "", "audit", "--config", config, "--pipeline", "p", "--topic", in, "-o", "json", "--suggest", suggested)
+	if r.code != 0 {
+		t.Fatalf("audit exited %d: %s", r.code, r.stderr)
+	}
+	for _, want := range []string{`"pointer": "/client_time"`, `"pointer": "/items"`, `"keys": 20`} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("the report lacks %s:\n%s", want, r.stdout)
+		}
+	}
+	b, err := os.ReadFile(suggested)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"payload: avro", "schema_registry:", reg.URL, "/client_time", "/items"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the suggested file lacks %q:\n%s", want, b)
+		}
+	}
+	if c := runCLI(t, "", "contract", "--config", suggested); c.code != 0 || !strings.Contains(c.stdout, "subject `"+in+"-value`") {
+		t.Errorf("contract of the suggested file: %d %s %s", c.code, c.stdout, c.stderr)
+	}
+}

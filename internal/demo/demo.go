@@ -35,10 +35,14 @@ type Options struct {
 	Progress io.Writer
 	// Timeout bounds the whole run (default 60s).
 	Timeout time.Duration
+	// Payload is json (the default) or avro: the campaign written in
+	// Avro through an in-process schema registry.
+	Payload string
 }
 
 // Figures is what a run shows.
 type Figures struct {
+	Payload      string         `json:"payload"`
 	Commands     int            `json:"commands"`
 	Users        int            `json:"users"`
 	Stock        int            `json:"stock"`
@@ -83,6 +87,9 @@ type DeadLetter struct {
 	Source        string `json:"source"`
 }
 
+// commandTopic is where the clients send their claims.
+const commandTopic = "coupon.claim.commands"
+
 const pipelinesYAML = `
 pipelines:
   - name: naive
@@ -108,6 +115,9 @@ type desk struct {
 	mu     sync.Mutex
 	stock  int
 	issued map[string]int
+	// read turns a command into the JSON claim the desk reads (the
+	// campaign in Avro); nil: commands are JSON.
+	read func([]byte) ([]byte, error)
 }
 
 func (d *desk) Handle(_ context.Context, cmd consumer.Command) (consumer.Result, error) {
@@ -130,6 +140,13 @@ func (e *wrongAmount) Error() string {
 
 // claim honours one claim: a coupon from the stock, and its record.
 func (d *desk) claim(body []byte) ([]byte, error) {
+	if d.read != nil {
+		js, err := d.read(body)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", errNotAClaim, err)
+		}
+		body = js
+	}
 	var c claim
 	if err := json.Unmarshal(body, &c); err != nil {
 		return nil, fmt.Errorf("%w: %w", errNotAClaim, err)
@@ -172,8 +189,24 @@ func Run(ctx context.Context, opts Options) (*Figures, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	gen := Generate(w)
+	yaml := pipelinesYAML
+	var avro *avroCampaign
+	switch opts.Payload {
+	case "", "json":
+		opts.Payload = "json"
+	case "avro":
+		var err error
+		if avro, err = startAvro(commandTopic); err != nil {
+			return nil, err
+		}
+		defer avro.close()
+		yaml += avro.config()
+		gen.Originals, gen.Later = avro.encode(gen.Originals), avro.encode(gen.Later)
+	default:
+		return nil, fmt.Errorf("payload %q: want json or avro", opts.Payload)
+	}
 
-	cfg, err := schemas.Parse([]byte(pipelinesYAML), "")
+	cfg, err := schemas.Parse([]byte(yaml), "")
 	if err != nil {
 		return nil, err
 	}
@@ -211,6 +244,13 @@ func Run(ctx context.Context, opts Options) (*Figures, error) {
 			return nil, err
 		}
 		desks[pc.Name] = &desk{stock: w.Stock, issued: map[string]int{}}
+		if avro != nil {
+			dec, err := cfg.Decoder(ctx, cfg.Pipelines[1])
+			if err != nil {
+				return nil, err
+			}
+			desks[pc.Name].read = readAs(dec)
+		}
 		for range opts.Members {
 			p, err := consumer.New(consumer.Config{
 				Name: pc.Name, Input: pc.Input, Output: pc.Output, DLQ: pc.DLQ,
@@ -287,6 +327,7 @@ func Run(ctx context.Context, opts Options) (*Figures, error) {
 	}
 
 	f := &Figures{
+		Payload:  opts.Payload,
 		Commands: len(gen.Originals) + len(gen.Later), Users: w.Users, Stock: w.Stock,
 		Injected: map[string]int{"volatile_only_retries": gen.Retries, "conflicts": gen.Conflicts, "garbage": gen.Garbage},
 	}
@@ -388,6 +429,9 @@ func examples(ctx context.Context, io *sinks.Kafka, topic string) ([]DeadLetter,
 func (f *Figures) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nThe coupon campaign: %d users, %d claim commands, %d coupons in stock (non-stackable, worth %d each).\n",
 		f.Users, f.Commands, f.Stock, CouponValue)
+	if f.Payload == "avro" {
+		fmt.Fprintln(w, "The commands are Avro records in a schema registry's wire format; idemstream decodes them and applies the same rules by field.")
+	}
 	fmt.Fprintf(w, "Injected: %d volatile-only retries (new client_time, retry_count, trace_id; some with the items reordered), %d keys reused with another amount, %d garbage records.\n\n",
 		f.Injected["volatile_only_retries"], f.Injected["conflicts"], f.Injected["garbage"])
 	rows := []struct {

@@ -11,13 +11,24 @@ import (
 	"github.com/idemstream/idemstream/internal/demo"
 )
 
+// TestDemoFigures runs the campaign in JSON and in Avro (through the
+// in-process registry): idemstream decides both the same way.
 func TestDemoFigures(t *testing.T) {
+	for _, payload := range []string{"json", "avro"} {
+		t.Run(payload, func(t *testing.T) { checkDemoFigures(t, payload) })
+	}
+}
+
+func checkDemoFigures(t *testing.T, payload string) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	w := demo.Workload{Seed: 7, Users: 60, Commands: 400, Stock: 80, Conflicts: 0.02, Garbage: 0.02}
 	gen := demo.Generate(w)
-	f, err := demo.Run(context.Background(), demo.Options{Workload: w, Members: 2})
+	f, err := demo.Run(context.Background(), demo.Options{Workload: w, Members: 2, Payload: payload})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if f.Payload != payload {
+		t.Errorf("ran with payload %q, want %q", f.Payload, payload)
 	}
 	idem, naive := f.Idemstream, f.Naive
 	checks := []struct {
