@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strconv"
@@ -97,6 +98,7 @@ type analyzer struct {
 	decider *dedupe.Decider
 	canon   *dedupe.Canonicalizer
 	raw     bool
+	err     error // the first error that was not a record's fault
 
 	paths  *paths
 	walker *walker
@@ -162,6 +164,12 @@ func (a *analyzer) Add(rec *dedupe.Record) {
 	}
 	a.parts[rec.Partition] = true
 	prep := a.decider.Prepare(rec)
+	if prep.Err != nil && dedupe.Classify(prep.Err) != dedupe.Poison {
+		// A schema registry that did not answer: the record is not
+		// invalid, and the report would be wrong; Run says so.
+		a.err = cmp.Or(a.err, prep.Err)
+		return
+	}
 	if prep.Err != nil {
 		countInvalid(a.invalid, prep.Err, rec)
 		return

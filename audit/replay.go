@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/hex"
 	"strconv"
@@ -64,6 +65,7 @@ type replayer struct {
 	counts   Decisions
 	records  int64
 	lastSeen int64
+	err      error // the first error that was not a record's fault
 }
 
 type replayKey struct {
@@ -108,6 +110,10 @@ func (r *replayer) Add(rec *dedupe.Record) {
 	r.records++
 	t := unixNano(rec.Time)
 	ip := r.idem.Prepare(rec)
+	if ip.Err != nil && dedupe.Classify(ip.Err) != dedupe.Poison {
+		r.err = cmp.Or(r.err, ip.Err)
+		return
+	}
 	rp := r.raw.Prepare(rec)
 	key := ip.Key
 	if ip.Err != nil {

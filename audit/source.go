@@ -81,6 +81,9 @@ func Run(ctx context.Context, src Source, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := notTheRecords(analyzers, replayers); err != nil {
+		return nil, err
+	}
 	rep := report(analyzers)
 	if pc, ok := src.(interface {
 		Partitions(context.Context) (int, error)
@@ -102,6 +105,9 @@ func Run(ctx context.Context, src Source, opts Options) (*Report, error) {
 			}
 		}
 		if err := fanOut(ctx, src, n, route, func(shard int, rec *dedupe.Record) { replayers[shard].Add(rec) }); err != nil {
+			return nil, err
+		}
+		if err := notTheRecords(nil, replayers); err != nil {
 			return nil, err
 		}
 		rep.Passes = 2
@@ -202,4 +208,21 @@ func fanOut(ctx context.Context, src Source, n int, route func(*dedupe.Record) i
 	}
 	wg.Wait()
 	return err
+}
+
+// notTheRecords is the first error a pass met that was no record's fault
+// (a schema registry that did not answer): the report would count good
+// records as invalid, so there is none.
+func notTheRecords(analyzers []*analyzer, replayers []*replayer) error {
+	for _, a := range analyzers {
+		if a.err != nil {
+			return fmt.Errorf("reading the records: %w", a.err)
+		}
+	}
+	for _, r := range replayers {
+		if r != nil && r.err != nil {
+			return fmt.Errorf("reading the records: %w", r.err)
+		}
+	}
+	return nil
 }

@@ -108,6 +108,9 @@ func (p *avroParser) schema(v any, ns string) (*avroSchema, error) {
 		return nil, fmt.Errorf("avro schema names unknown type %q", t)
 	case []any:
 		u := &avroSchema{kind: avroUnion}
+		if len(t) == 0 {
+			return nil, fmt.Errorf("avro union without a branch")
+		}
 		for _, b := range t {
 			s, err := p.schema(b, ns)
 			if err != nil {
@@ -277,6 +280,11 @@ func (p *avroParser) enum(m map[string]any, ns string) (*avroSchema, error) {
 	return s, nil
 }
 
+func sortedJSON(names []string) []byte {
+	b, _ := json.Marshal(slices.Sorted(slices.Values(names)))
+	return b
+}
+
 func intAttr(m map[string]any, k string) (int, bool) {
 	n, ok := m[k].(json.Number)
 	if !ok {
@@ -331,12 +339,13 @@ func (s *avroSchema) describe(b *bytes.Buffer, seen map[*avroSchema]bool) {
 	seen[s] = true
 	switch s.kind {
 	case avroRecord:
-		fmt.Fprintf(b, `{"type":"record","name":%q,"fields":[`, s.name)
+		fmt.Fprintf(b, `{"type":"record","name":%q,"aliases":%s,"fields":[`, s.name, sortedJSON(s.aliases))
 		for i, f := range s.fields {
 			if i > 0 {
 				b.WriteByte(',')
 			}
-			fmt.Fprintf(b, `{"name":%q,"type":`, f.name)
+			// Aliases change which writer fields a reader field takes.
+			fmt.Fprintf(b, `{"name":%q,"aliases":%s,"type":`, f.name, sortedJSON(f.aliases))
 			f.typ.describe(b, seen)
 			if f.def != nil {
 				b.WriteString(`,"default":`)
@@ -347,9 +356,9 @@ func (s *avroSchema) describe(b *bytes.Buffer, seen map[*avroSchema]bool) {
 		b.WriteString("]}")
 	case avroEnum:
 		sy, _ := json.Marshal(s.symbols)
-		fmt.Fprintf(b, `{"type":"enum","name":%q,"symbols":%s,"default":%q}`, s.name, sy, s.enumDef)
+		fmt.Fprintf(b, `{"type":"enum","name":%q,"aliases":%s,"symbols":%s,"default":%q}`, s.name, sortedJSON(s.aliases), sy, s.enumDef)
 	case avroFixed:
-		fmt.Fprintf(b, `{"type":"fixed","name":%q,"size":%d,"decimal":[%t,%d,%d]}`, s.name, s.size, s.decimal, s.precision, s.scale)
+		fmt.Fprintf(b, `{"type":"fixed","name":%q,"aliases":%s,"size":%d,"decimal":[%t,%d,%d]}`, s.name, sortedJSON(s.aliases), s.size, s.decimal, s.precision, s.scale)
 	case avroArray:
 		b.WriteString(`{"type":"array","items":`)
 		s.items.describe(b, seen)

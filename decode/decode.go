@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -46,13 +47,22 @@ const maxWriters = 4096
 // Decoder reads one pipeline's payloads as JSON text. It is safe for
 // concurrent use; it implements dedupe.Decoder.
 type Decoder struct {
-	opts   Options
-	digest string
-	reader readerSchema
+	opts  Options
+	local *writer // SchemaFile's: the reader itself
+	// state is the reader schema in force and what was compiled against
+	// it. A writer schema newer than the reader, under the reader's
+	// subject, makes a new state (the subject's latest) replace it.
+	state   atomic.Pointer[readerState]
+	refresh sync.Mutex
+}
 
+// readerState is one reader schema, its digest and the writer schemas
+// compiled against it: a new reader schema starts from an empty cache.
+type readerState struct {
+	reader  readerSchema
+	digest  string
 	mu      sync.RWMutex
 	writers map[int]*writer
-	local   *writer // SchemaFile's: the reader itself
 }
 
 type readerSchema struct {
@@ -85,26 +95,28 @@ type protoChoice struct {
 // returns a Decoder. An error wrapping dedupe.ErrRegistryUnavailable may
 // pass: the caller waits and opens again.
 func Open(ctx context.Context, o Options) (*Decoder, error) {
-	d := &Decoder{opts: o, writers: map[int]*writer{}}
+	d := &Decoder{opts: o}
 	switch o.Format {
 	case dedupe.PayloadAvro, dedupe.PayloadProtobuf, dedupe.PayloadJSONSchema:
 	default:
 		return nil, fmt.Errorf("payload %q is not read through a schema", o.Format)
 	}
+	st := &readerState{writers: map[int]*writer{}}
 	var err error
 	if o.SchemaFile != "" {
-		err = d.openFile()
+		err = d.openFile(st)
 	} else {
-		err = d.openRegistry(ctx)
+		err = d.openRegistry(ctx, st)
 	}
 	if err != nil {
 		return nil, err
 	}
-	d.digest = d.readerDigest()
+	st.digest = st.readerDigest(o.Format)
+	d.state.Store(st)
 	return d, nil
 }
 
-func (d *Decoder) openFile() error {
+func (d *Decoder) openFile(st *readerState) error {
 	o := d.opts
 	text, err := os.ReadFile(o.SchemaFile)
 	if err != nil {
@@ -113,18 +125,18 @@ func (d *Decoder) openFile() error {
 	w := &writer{ref: dedupe.SchemaError{Subject: o.SchemaFile}}
 	switch o.Format {
 	case dedupe.PayloadAvro:
-		if d.reader.avro, err = newAvroParser().parse(string(text)); err != nil {
+		if st.reader.avro, err = newAvroParser().parse(string(text)); err != nil {
 			return fmt.Errorf("schema_file %s: %w", o.SchemaFile, err)
 		}
-		if w.avro, err = compileAvro(d.reader.avro, d.reader.avro); err != nil {
+		if w.avro, err = compileAvro(st.reader.avro, st.reader.avro); err != nil {
 			return fmt.Errorf("schema_file %s: %w", o.SchemaFile, err)
 		}
 	case dedupe.PayloadProtobuf:
 		name := filepath.Base(o.SchemaFile)
-		if d.reader.proto, err = compileProto(name, map[string]string{name: string(text)}); err != nil {
+		if st.reader.proto, err = compileProto(name, map[string]string{name: string(text)}); err != nil {
 			return fmt.Errorf("schema_file %s: %w", o.SchemaFile, err)
 		}
-		if err := d.pickReaderMessage(); err != nil {
+		if err := st.pickReaderMessage(o.Message); err != nil {
 			return err
 		}
 	default:
@@ -134,7 +146,7 @@ func (d *Decoder) openFile() error {
 	return nil
 }
 
-func (d *Decoder) openRegistry(ctx context.Context) error {
+func (d *Decoder) openRegistry(ctx context.Context, st *readerState) error {
 	o := d.opts
 	if o.Registry == nil {
 		return errors.New("payload " + string(o.Format) + " needs schema_registry or schema_file")
@@ -155,35 +167,35 @@ func (d *Decoder) openRegistry(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.reader.ref = dedupe.SchemaError{ID: s.ID, Subject: s.Subject, Version: s.Version}
+	st.reader.ref = dedupe.SchemaError{ID: s.ID, Subject: s.Subject, Version: s.Version}
 	sources, order := map[string]string{}, []string{}
 	if err := o.Registry.sources(ctx, s.References, sources, &order, 0); err != nil {
 		return fmt.Errorf("reader_schema %s version %d: %w", s.Subject, s.Version, err)
 	}
-	if err := d.compileReader(s.Schema, sources, order); err != nil {
+	if err := st.compileReader(o, s.Schema, sources, order); err != nil {
 		return fmt.Errorf("reader_schema %s version %d: %w", s.Subject, s.Version, err)
 	}
 	return nil
 }
 
-func (d *Decoder) compileReader(s sr.Schema, sources map[string]string, order []string) error {
+func (st *readerState) compileReader(o Options, s sr.Schema, sources map[string]string, order []string) error {
 	var err error
-	switch d.opts.Format {
+	switch o.Format {
 	case dedupe.PayloadAvro:
 		if s.Type != sr.TypeAvro {
 			return fmt.Errorf("is a %s schema, not avro", s.Type)
 		}
-		d.reader.avro, err = parseAvroWithRefs(s.Schema, sources, order)
+		st.reader.avro, err = parseAvroWithRefs(s.Schema, sources, order)
 		return err
 	default:
 		if s.Type != sr.TypeProtobuf {
 			return fmt.Errorf("is a %s schema, not protobuf", s.Type)
 		}
 		sources[readerFile] = s.Schema
-		if d.reader.proto, err = compileProto(readerFile, sources); err != nil {
+		if st.reader.proto, err = compileProto(readerFile, sources); err != nil {
 			return err
 		}
-		return d.pickReaderMessage()
+		return st.pickReaderMessage(o.Message)
 	}
 }
 
@@ -194,20 +206,20 @@ const (
 	writerFile = "idemstream-writer.proto"
 )
 
-func (d *Decoder) pickReaderMessage() error {
-	if d.opts.Message == "" {
-		md, err := d.reader.proto.messageByIndexes(nil)
+func (st *readerState) pickReaderMessage(name string) error {
+	if name == "" {
+		md, err := st.reader.proto.messageByIndexes(nil)
 		if err != nil {
 			return fmt.Errorf("the reader schema has no message")
 		}
-		d.reader.msg = md
+		st.reader.msg = md
 		return nil
 	}
-	md, ok := d.reader.proto.messageByName(protoreflect.FullName(d.opts.Message))
+	md, ok := st.reader.proto.messageByName(protoreflect.FullName(name))
 	if !ok {
-		return fmt.Errorf("reader_schema: no message %s", d.opts.Message)
+		return fmt.Errorf("reader_schema: no message %s", name)
 	}
-	d.reader.msg = md
+	st.reader.msg = md
 	return nil
 }
 
@@ -223,27 +235,27 @@ func parseAvroWithRefs(text string, sources map[string]string, order []string) (
 
 // readerDigest names the reader schema by content, so that a new reader
 // schema is a change of rules.
-func (d *Decoder) readerDigest() string {
+func (st *readerState) readerDigest(format dedupe.PayloadFormat) string {
 	var b bytes.Buffer
-	b.WriteString(string(d.opts.Format) + ":")
+	b.WriteString(string(format) + ":")
 	switch {
-	case d.reader.avro != nil:
-		d.reader.avro.describe(&b, map[*avroSchema]bool{})
-	case d.reader.msg != nil:
-		b.WriteString(protoDigest(d.reader.msg))
+	case st.reader.avro != nil:
+		st.reader.avro.describe(&b, map[*avroSchema]bool{})
+	case st.reader.msg != nil:
+		b.WriteString(protoDigest(st.reader.msg))
 	}
 	sum := sha256.Sum256(b.Bytes())
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// Digest identifies the reader schema; it joins the pipeline's rules
-// digest.
-func (d *Decoder) Digest() string { return d.digest }
+// Digest identifies the reader schema in force; it joins the pipeline's
+// rules digest.
+func (d *Decoder) Digest() string { return d.state.Load().digest }
 
 // Reader names the reader schema's coordinates (zero for a local file or
 // JSON Schema payloads).
 func (d *Decoder) Reader() (id int, subject string, version int) {
-	r := d.reader.ref
+	r := d.state.Load().reader.ref
 	return r.ID, r.Subject, r.Version
 }
 
@@ -253,26 +265,27 @@ func (d *Decoder) Reader() (id int, subject string, version int) {
 // non_finite_number, each a *dedupe.SchemaError with the coordinates) or
 // retryable (the registry did not answer).
 func (d *Decoder) AppendJSON(dst, value []byte) ([]byte, error) {
+	st := d.state.Load()
 	if d.local != nil {
-		return d.decodeWith(dst, d.local, value, nil)
+		return st.decodeWith(dst, d.local, value, false)
 	}
 	if len(value) < 5 || value[0] != 0 {
 		return dst, fmt.Errorf("%w: no schema registry framing (a 0 byte and a 4-byte schema id) before the %s value", dedupe.ErrMalformedPayload, d.opts.Format)
 	}
 	id := int(binary.BigEndian.Uint32(value[1:5]))
-	w, err := d.writer(id)
+	st, w, err := d.writer(st, id)
 	if err != nil {
-		if dedupe.IsRetryable(err) {
+		if dedupe.Classify(err) != dedupe.Poison {
 			return dst, err
 		}
 		return dst, &dedupe.SchemaError{ID: id, Err: err}
 	}
-	return d.decodeWith(dst, w, value[5:], value)
+	return st.decodeWith(dst, w, value[5:], true)
 }
 
-func (d *Decoder) decodeWith(dst []byte, w *writer, body, framed []byte) ([]byte, error) {
+func (st *readerState) decodeWith(dst []byte, w *writer, body []byte, framed bool) ([]byte, error) {
 	if w.err != nil {
-		return dst, d.fail(w, w.err)
+		return dst, fail(w, w.err)
 	}
 	var out []byte
 	var err error
@@ -282,23 +295,23 @@ func (d *Decoder) decodeWith(dst []byte, w *writer, body, framed []byte) ([]byte
 	case w.json != nil:
 		out, err = validateJSON(dst, w.json, body)
 	default:
-		out, err = d.appendProto(dst, w, body, framed != nil)
+		out, err = st.appendProto(dst, w, body, framed)
 	}
 	if err != nil {
-		return dst, d.fail(w, err)
+		return dst, fail(w, err)
 	}
 	return out, nil
 }
 
-func (d *Decoder) fail(w *writer, err error) error {
+func fail(w *writer, err error) error {
 	e := w.ref
 	e.Err = err
 	return &e
 }
 
-func (d *Decoder) appendProto(dst []byte, w *writer, body []byte, framed bool) ([]byte, error) {
+func (st *readerState) appendProto(dst []byte, w *writer, body []byte, framed bool) ([]byte, error) {
 	if !framed {
-		return appendProtoJSON(dst, d.reader.msg, body)
+		return appendProtoJSON(dst, st.reader.msg, body)
 	}
 	var key string
 	var indexes []int
@@ -311,16 +324,18 @@ func (d *Decoder) appendProto(dst []byte, w *writer, body []byte, framed bool) (
 		}
 		key = fmt.Sprint(indexes)
 	}
-	md, err := w.readerMessage(key, indexes, d.reader.proto)
+	md, err := w.readerMessage(key, indexes, st.reader.msg)
 	if err != nil {
 		return dst, err
 	}
 	return appendProtoJSON(dst, md, body)
 }
 
-// readerMessage finds the reader's message for the writer's message at
-// indexes: the same full name, checked field by field once.
-func (w *writer) readerMessage(key string, indexes []int, reader *protoSchema) (protoreflect.MessageDescriptor, error) {
+// readerMessage checks that the writer's message at indexes is the
+// pipeline's message (by full name: a topic that carries several message
+// types must not have one type's command pass as a replay of another's),
+// field by field, once.
+func (w *writer) readerMessage(key string, indexes []int, reader protoreflect.MessageDescriptor) (protoreflect.MessageDescriptor, error) {
 	w.protoMu.Lock()
 	defer w.protoMu.Unlock()
 	if c, ok := w.messages[key]; ok {
@@ -331,12 +346,11 @@ func (w *writer) readerMessage(key string, indexes []int, reader *protoSchema) (
 	switch {
 	case err != nil:
 		c.err = err
+	case wm.FullName() != reader.FullName():
+		c.err = fmt.Errorf("%w: the record is a %s, the pipeline reads %s", dedupe.ErrIncompatibleSchema, wm.FullName(), reader.FullName())
 	default:
-		rm, ok := reader.messageByName(wm.FullName())
-		if !ok {
-			c.err = fmt.Errorf("%w: the reader schema has no message %s", dedupe.ErrIncompatibleSchema, wm.FullName())
-		} else if c.err = checkProtoCompatible(wm, rm); c.err == nil {
-			c.md = rm
+		if c.err = checkProtoCompatible(wm, reader); c.err == nil {
+			c.md = reader
 		}
 	}
 	if len(w.messages) < 64 {
@@ -346,39 +360,95 @@ func (w *writer) readerMessage(key string, indexes []int, reader *protoSchema) (
 }
 
 // writer returns the compiled writer schema id names, reading it from the
-// registry the first time.
-func (d *Decoder) writer(id int) (*writer, error) {
-	d.mu.RLock()
-	w, ok := d.writers[id]
-	d.mu.RUnlock()
+// registry the first time, and the reader state it was compiled against.
+// A writer schema newer than the reader under the reader's subject (with
+// reader_schema.version latest) first makes the subject's latest version
+// the reader schema: a rules change, so that a field only the new version
+// has is compared too.
+func (d *Decoder) writer(st *readerState, id int) (*readerState, *writer, error) {
+	st.mu.RLock()
+	w, ok := st.writers[id]
+	st.mu.RUnlock()
 	if ok {
-		return w, nil
+		return st, w, nil
 	}
 	ctx := context.Background()
-	s, ref, err := d.opts.Registry.byID(ctx, id)
+	s, ref, err := d.opts.Registry.byID(ctx, id, st.reader.ref.Subject)
 	if err != nil {
 		// Not cached: a registry that answers later, or an id registered
 		// a moment after the record was written, is read next time.
-		return nil, err
+		return st, nil, err
+	}
+	if d.newerThanReader(st, ref) {
+		if st, err = d.refreshReader(ctx, st); err != nil {
+			return st, nil, err
+		}
 	}
 	w = &writer{ref: ref, messages: map[string]protoChoice{}}
-	w.err = d.compileWriter(ctx, w, s)
-	if dedupe.IsRetryable(w.err) {
-		return nil, w.err
+	w.err = d.compileWriter(ctx, st, w, s)
+	if w.err != nil && dedupe.Classify(w.err) != dedupe.Poison {
+		// Only an answer about the schema itself is kept: an outage or a
+		// refusal is asked again.
+		return st, nil, w.err
 	}
-	d.mu.Lock()
-	if len(d.writers) >= maxWriters {
-		for k := range d.writers {
-			delete(d.writers, k)
+	st.mu.Lock()
+	if len(st.writers) >= maxWriters {
+		for k := range st.writers {
+			delete(st.writers, k)
 			break
 		}
 	}
-	d.writers[id] = w
-	d.mu.Unlock()
-	return w, nil
+	st.writers[id] = w
+	st.mu.Unlock()
+	return st, w, nil
 }
 
-func (d *Decoder) compileWriter(ctx context.Context, w *writer, s sr.Schema) error {
+func (d *Decoder) newerThanReader(st *readerState, ref dedupe.SchemaError) bool {
+	r := st.reader.ref
+	return d.opts.Version < 1 && r.Subject != "" && ref.Subject == r.Subject && ref.Version > r.Version
+}
+
+// refreshReader reads the reader subject's latest version and, when it is
+// newer, makes it the reader schema. One refresh at a time: the others
+// wait for it and use its result.
+func (d *Decoder) refreshReader(ctx context.Context, seen *readerState) (*readerState, error) {
+	d.refresh.Lock()
+	defer d.refresh.Unlock()
+	if cur := d.state.Load(); cur != seen {
+		return cur, nil
+	}
+	next := &readerState{writers: map[int]*writer{}}
+	if err := d.openRegistry(ctx, next); err != nil {
+		if dedupe.Classify(err) == dedupe.Retryable {
+			return seen, err
+		}
+		// A latest version that cannot serve as the reader (it does not
+		// compile, it is another type) keeps the reader in force: the
+		// records say what they need through their own reasons.
+		return seen, nil
+	}
+	if next.reader.ref.Version <= seen.reader.ref.Version || !readsOld(seen, next) {
+		return seen, nil
+	}
+	next.digest = next.readerDigest(d.opts.Format)
+	d.state.Store(next)
+	return next, nil
+}
+
+// readsOld reports whether the new reader schema reads what the old one
+// did (it is backward compatible with it): only then does it replace it,
+// so that a registration that breaks compatibility never turns the
+// retries of copies written before into dead letters.
+func readsOld(old, next *readerState) bool {
+	if old.reader.avro != nil {
+		_, err := compileAvro(old.reader.avro, next.reader.avro)
+		return err == nil
+	}
+	return old.reader.msg != nil && next.reader.msg != nil &&
+		old.reader.msg.FullName() == next.reader.msg.FullName() && checkProtoCompatible(old.reader.msg, next.reader.msg) == nil
+}
+
+func (d *Decoder) compileWriter(ctx context.Context, st *readerState, w *writer, s sr.Schema) error {
 	want := map[dedupe.PayloadFormat]sr.SchemaType{dedupe.PayloadAvro: sr.TypeAvro, dedupe.PayloadProtobuf: sr.TypeProtobuf, dedupe.PayloadJSONSchema: sr.TypeJSON}[d.opts.Format]
 	if s.Type != want {
 		return fmt.Errorf("%w: schema id %d is a %s schema, the pipeline reads %s", dedupe.ErrIncompatibleSchema, w.ref.ID, s.Type, d.opts.Format)
@@ -396,7 +466,7 @@ func (d *Decoder) compileWriter(ctx context.Context, w *writer, s sr.Schema) err
 		if err != nil {
 			return fmt.Errorf("%w: %w", dedupe.ErrIncompatibleSchema, err)
 		}
-		w.avro, err = compileAvro(ws, d.reader.avro)
+		w.avro, err = compileAvro(ws, st.reader.avro)
 		return err
 	case dedupe.PayloadProtobuf:
 		sources[writerFile] = s.Schema
@@ -412,12 +482,15 @@ func (d *Decoder) compileWriter(ctx context.Context, w *writer, s sr.Schema) err
 
 func compileJSONSchema(id int, text string, sources map[string]string) (*jsonschema.Schema, error) {
 	c := jsonschema.NewCompiler()
+	// A reference's name is relative to the schema that imports it, so it
+	// sits beside the main schema's own URL.
+	const base = "registry:///schemas/ids/"
 	for name, src := range sources {
 		doc, err := jsonschema.UnmarshalJSON(strings.NewReader(src))
 		if err != nil {
 			return nil, fmt.Errorf("%w: reference %s is not JSON", dedupe.ErrIncompatibleSchema, name)
 		}
-		if err := c.AddResource(name, doc); err != nil {
+		if err := c.AddResource(base+name, doc); err != nil {
 			return nil, fmt.Errorf("%w: reference %s: %v", dedupe.ErrIncompatibleSchema, name, err)
 		}
 	}
@@ -425,7 +498,7 @@ func compileJSONSchema(id int, text string, sources map[string]string) (*jsonsch
 	if err != nil {
 		return nil, fmt.Errorf("%w: schema id %d is not JSON", dedupe.ErrIncompatibleSchema, id)
 	}
-	url := fmt.Sprintf("registry:///schemas/ids/%d", id)
+	url := fmt.Sprintf("%s%d", base, id)
 	if err := c.AddResource(url, doc); err != nil {
 		return nil, fmt.Errorf("%w: %v", dedupe.ErrIncompatibleSchema, err)
 	}

@@ -72,8 +72,9 @@ func (r *Registry) subjectSchema(ctx context.Context, subject string, version in
 }
 
 // byID reads the schema a record's id names, with a subject and version
-// that use it (the first the registry lists) for the dead letters.
-func (r *Registry) byID(ctx context.Context, id int) (sr.Schema, dedupe.SchemaError, error) {
+// that use it for the dead letters: the one under subject prefer (the
+// reader's) when the id is there, else the first the registry lists.
+func (r *Registry) byID(ctx context.Context, id int, prefer string) (sr.Schema, dedupe.SchemaError, error) {
 	ref := dedupe.SchemaError{ID: id}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
@@ -81,8 +82,19 @@ func (r *Registry) byID(ctx context.Context, id int) (sr.Schema, dedupe.SchemaEr
 	if err != nil {
 		return s, ref, r.classify(err, fmt.Sprintf("read schema id %d", id), true)
 	}
-	if vs, err := r.cl.SchemaVersionsByID(ctx, id); err == nil && len(vs) > 0 {
-		ref.Subject, ref.Version = vs[0].Subject, vs[0].Version
+	vs, err := r.cl.SchemaVersionsByID(ctx, id)
+	if err != nil && !errors.Is(r.classify(err, "", true), dedupe.ErrUnknownSchema) {
+		// The schema was read; without its coordinates a newer writer
+		// would go unnoticed, so this is asked again too.
+		return s, ref, r.classify(err, fmt.Sprintf("read the subjects of schema id %d", id), true)
+	}
+	for i, v := range vs {
+		if i == 0 || v.Subject == prefer {
+			ref.Subject, ref.Version = v.Subject, v.Version
+		}
+		if v.Subject == prefer {
+			break
+		}
 	}
 	return s, ref, nil
 }
@@ -121,8 +133,12 @@ func (r *Registry) classify(err error, what string, notFoundIsRecord bool) error
 	var re *sr.ResponseError
 	if errors.As(err, &re) {
 		switch {
-		case re.StatusCode == http.StatusNotFound && notFoundIsRecord:
+		case re.StatusCode == http.StatusNotFound && registryNotFound(re.ErrorCode) && notFoundIsRecord:
 			return fmt.Errorf("%w: the registry has no such schema (%s: %s)", dedupe.ErrUnknownSchema, what, re.Message)
+		case re.StatusCode == http.StatusNotFound && !registryNotFound(re.ErrorCode):
+			// A 404 that is not the registry's own answer (a proxy, a
+			// path that is not there yet) says nothing of the schema.
+			return fmt.Errorf("%w: %s at %s: %d %s", dedupe.ErrRegistryUnavailable, what, r.url, re.StatusCode, re.Message)
 		case re.StatusCode == http.StatusUnauthorized || re.StatusCode == http.StatusForbidden:
 			return fmt.Errorf("schema registry %s refused to %s (%d): check schema_registry.username and password_env", r.url, what, re.StatusCode)
 		case re.StatusCode >= 400 && re.StatusCode < 500 && re.StatusCode != http.StatusRequestTimeout && re.StatusCode != http.StatusTooManyRequests:
@@ -131,6 +147,10 @@ func (r *Registry) classify(err error, what string, notFoundIsRecord bool) error
 	}
 	return fmt.Errorf("%w: %s at %s: %w", dedupe.ErrRegistryUnavailable, what, r.url, err)
 }
+
+// registryNotFound tells the registry's own "not found" answers (subject,
+// version, schema) from any other 404.
+func registryNotFound(code int) bool { return code == 40401 || code == 40402 || code == 40403 }
 
 func versionText(v int) string {
 	if v < 0 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // ErrMalformedPayload is wrapped by every error that rejects a payload as not
@@ -71,6 +72,9 @@ type Canonicalizer struct {
 	dec    Decoder       // nil for json and raw payloads
 	match  *canonMatcher // nil when no path rule is configured
 	digest string
+	// byReader caches the rules digest of the decoder's current reader
+	// schema, which may change while the canonicalizer is in use.
+	byReader atomic.Pointer[readerDigest]
 }
 
 // NewCanonicalizer validates the rules and compiles their pointers.
@@ -144,7 +148,40 @@ func (c *Canonicalizer) Rules() CanonicalRules {
 // RulesDigest identifies the rules as "sha256:<hex>". Two canonicalizers
 // whose rules list the same paths, in any order and with any repetition,
 // share a digest; fingerprints are comparable only under equal digests.
-func (c *Canonicalizer) RulesDigest() string { return c.digest }
+// With a Decoder, the digest follows its current reader schema.
+func (c *Canonicalizer) RulesDigest() string {
+	if c.dec == nil {
+		return c.digest
+	}
+	return c.digestFor(c.dec.Digest())
+}
+
+type readerDigest struct{ reader, rules string }
+
+func (c *Canonicalizer) digestFor(reader string) string {
+	if p := c.byReader.Load(); p != nil && p.reader == reader {
+		return p.rules
+	}
+	rules := rulesDigest(c.rules.Payload, reader, c.rules.Volatile, c.rules.Unordered)
+	c.byReader.Store(&readerDigest{reader: reader, rules: rules})
+	return rules
+}
+
+// decodeWithDigest decodes payload (see decode) and names the rules digest
+// the decoding was made under: the reader schema is read before and after,
+// and a decoding that a change of reader schema overtook is made again.
+func (c *Canonicalizer) decodeWithDigest(s *canonScratch, payload []byte) ([]byte, string, error) {
+	if c.dec == nil {
+		return payload, c.digest, nil
+	}
+	for {
+		before := c.dec.Digest()
+		js, err := c.decode(s, payload)
+		if after := c.dec.Digest(); after == before {
+			return js, c.digestFor(before), err
+		}
+	}
+}
 
 // rulesDigest hashes a canonical JSON document describing the rules, so the
 // encoding is unambiguous whatever bytes a pointer holds. The reader

@@ -33,6 +33,9 @@ type Outcome struct {
 	Key string
 	// Fingerprint is "" when the payload could not be canonicalized.
 	Fingerprint string
+	// RulesDigest names the rules the fingerprint was made under (they
+	// change under a running decider when a payload's reader schema does).
+	RulesDigest string
 	// Reason and Err explain an invalid or conflicting record.
 	Reason Reason
 	Err    error
@@ -98,6 +101,8 @@ func (d *Decider) Canonicalizer() *Canonicalizer { return d.canon }
 type Prepared struct {
 	Key         string
 	Fingerprint string
+	// RulesDigest names the rules Fingerprint was made under.
+	RulesDigest string
 	// Err is a poison error (see ReasonOf) when the record is invalid.
 	Err error
 }
@@ -114,11 +119,13 @@ func (d *Decider) Prepare(rec *Record) Prepared {
 	// fingerprint and the JSON Schema all read its JSON text.
 	s := getScratch()
 	defer putScratch(s)
-	body, fpErr := d.canon.decode(s, rec.Value)
-	if IsRetryable(fpErr) {
+	body, digest, fpErr := d.canon.decodeWithDigest(s, rec.Value)
+	if fpErr != nil && Classify(fpErr) != Poison {
+		// Not the record's fault (a registry that does not answer, or
+		// refuses): no outcome; the caller pauses or stops.
 		return Prepared{Err: fpErr}
 	}
-	var out Prepared
+	out := Prepared{RulesDigest: digest}
 	if fpErr == nil {
 		out.Fingerprint, fpErr = d.canon.fingerprintText(s, body)
 	}
@@ -235,15 +242,15 @@ func (d *Decider) NeedsRulesCheck(o *Outcome) bool {
 // conflict, as the documentation promises for rules changes. One that no
 // longer reads under the current rules (its schema deleted, a payload the
 // old rules took) cannot be shown to be the same request: it stays a
-// conflict, which acts on nothing. A retryable error (a schema registry
-// that did not answer) is returned: the caller pauses and checks again,
-// never guessing.
+// conflict, which acts on nothing. An error that is not the first copy's
+// fault (a schema registry that did not answer, or refused) is returned:
+// the caller pauses and checks again, or stops, never guessing.
 func (d *Decider) SameRequestUnderCurrentRules(o *Outcome, first []byte, found bool) (bool, error) {
 	if !found {
 		return true, nil
 	}
 	fp, err := d.canon.Fingerprint(first)
-	if IsRetryable(err) {
+	if err != nil && Classify(err) != Poison {
 		return false, err
 	}
 	return err == nil && fp == o.Fingerprint, nil
@@ -263,12 +270,13 @@ func (d *Decider) decide(ctx context.Context, holder string, recs []Record, inte
 	for i := range recs {
 		rec := &recs[i]
 		prep := d.Prepare(rec)
-		if IsRetryable(prep.Err) {
-			// A schema registry that did not answer: nothing is decided,
-			// the caller pauses and decides the batch again.
+		if prep.Err != nil && Classify(prep.Err) != Poison {
+			// A schema registry that did not answer (retryable: the
+			// caller pauses and decides the batch again) or refused
+			// (fatal: the pipeline stops): nothing is decided.
 			return make([]Outcome, len(recs)), nil, prep.Err
 		}
-		out[i] = Outcome{Key: prep.Key, Fingerprint: prep.Fingerprint}
+		out[i] = Outcome{Key: prep.Key, Fingerprint: prep.Fingerprint, RulesDigest: prep.RulesDigest}
 		if prep.Err != nil {
 			out[i].Kind, out[i].Reason, out[i].Err = OutcomeInvalid, ReasonOf(prep.Err), prep.Err
 			continue
@@ -277,7 +285,7 @@ func (d *Decider) decide(ctx context.Context, holder string, recs []Record, inte
 			Namespace:    d.policy.Pipeline,
 			Key:          prep.Key,
 			Fingerprint:  prep.Fingerprint,
-			RulesDigest:  d.canon.RulesDigest(),
+			RulesDigest:  prep.RulesDigest,
 			Semantics:    d.policy.Semantics,
 			Window:       d.policy.Window,
 			Lease:        d.policy.Lease(),
@@ -361,11 +369,15 @@ func (d *Decider) Renew(ctx context.Context, holder string, recs []*Record, outs
 	reqs := make([]DecideRequest, len(recs))
 	for i, rec := range recs {
 		o := outs[i]
+		digest := o.RulesDigest
+		if digest == "" {
+			digest = d.canon.RulesDigest()
+		}
 		reqs[i] = DecideRequest{
 			Namespace:   d.policy.Pipeline,
 			Key:         o.Key,
 			Fingerprint: o.Fingerprint,
-			RulesDigest: d.canon.RulesDigest(),
+			RulesDigest: digest,
 			Semantics:   d.policy.Semantics,
 			Window:      d.policy.Window,
 			Lease:       d.policy.Lease(),

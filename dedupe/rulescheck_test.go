@@ -11,11 +11,14 @@ import (
 
 // flakyDecoder reads JSON as itself, or fails as a registry that does not
 // answer.
-type flakyDecoder struct{ down bool }
+type flakyDecoder struct{ down, refused bool }
 
 func (f *flakyDecoder) AppendJSON(dst, v []byte) ([]byte, error) {
 	if f.down {
 		return dst, fmt.Errorf("%w: connection refused", dedupe.ErrRegistryUnavailable)
+	}
+	if f.refused {
+		return dst, errors.New("schema registry refused (401)")
 	}
 	return append(dst, v...), nil
 }
@@ -61,5 +64,15 @@ func TestSameRequestUnderCurrentRules(t *testing.T) {
 	outs, err := d.Decide(t.Context(), "h", []dedupe.Record{{Topic: "in", Value: []byte(`{"a":1}`), Headers: []dedupe.Header{{Key: "Idempotency-Key", Value: []byte(keyA)}}}}, nil)
 	if !dedupe.IsRetryable(err) || outs[0].Kind != "" {
 		t.Fatalf("decide with the registry down: %v %+v, want a retryable error and no outcome", err, outs)
+	}
+	// A registry that refuses is no record's fault either: the error
+	// stops the caller, and nothing is dead-lettered.
+	dec.down, dec.refused = false, true
+	outs, err = d.Decide(t.Context(), "h", []dedupe.Record{{Topic: "in", Value: []byte(`{"a":1}`), Headers: []dedupe.Header{{Key: "Idempotency-Key", Value: []byte(keyA)}}}}, nil)
+	if err == nil || dedupe.Classify(err) != dedupe.Fatal || outs[0].Kind != "" {
+		t.Fatalf("decide with the registry refusing: %v %+v, want a fatal error and no outcome", err, outs)
+	}
+	if _, err := d.SameRequestUnderCurrentRules(o, []byte(`{"a":1}`), true); err == nil {
+		t.Fatal("a rules check with the registry refusing gave a verdict")
 	}
 }

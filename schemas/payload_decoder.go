@@ -21,6 +21,10 @@ type decoderCache struct {
 	m  map[string]*decode.Decoder
 }
 
+// cacheInit guards the creation of a Config's decoder cache: a Config
+// built by Parse and one written as a literal both get one on first use.
+var cacheInit sync.Mutex
+
 // ReadsSchema reports whether the pipeline's payloads are read through a
 // schema (avro, protobuf, json_schema).
 func (p Pipeline) ReadsSchema() bool {
@@ -77,9 +81,11 @@ func (c *Config) Decoder(ctx context.Context, p Pipeline) (*decode.Decoder, erro
 	if !p.ReadsSchema() {
 		return nil, nil
 	}
+	cacheInit.Lock()
 	if c.decoders == nil {
 		c.decoders = &decoderCache{}
 	}
+	cacheInit.Unlock()
 	c.decoders.mu.Lock()
 	defer c.decoders.mu.Unlock()
 	if d, ok := c.decoders.m[p.Name]; ok {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemstream/idemstream/consumer"
+	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/dedupe/redisstore"
 	"github.com/idemstream/idemstream/schemas"
 	"github.com/idemstream/idemstream/sinks"
@@ -128,6 +129,11 @@ func checkSchemas(ctx context.Context, e *env, cfg *schemas.Config, problem func
 		case err != nil:
 			problem("%v", err)
 		case d != nil:
+			if pol, err := cfg.Policy(p); err == nil {
+				if canon, err := dedupe.NewCanonicalizer(pol.Rules); err == nil {
+					fmt.Fprintf(e.stdout, "rules: pipeline %s: %s\n", p.Name, canon.RulesDigest())
+				}
+			}
 			id, subject, version := d.Reader()
 			if subject == "" {
 				fmt.Fprintf(e.stdout, "schema: pipeline %s reads %s payloads (%s)\n", p.Name, p.Payload, d.Digest())
