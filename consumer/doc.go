@@ -86,6 +86,13 @@
 // end it again: the pipeline stops with the reason, and nothing past the
 // batch is committed.
 //
+// Step 1 may need a schema registry (avro, protobuf and json_schema
+// payloads, package decode). A registry that does not answer is never a
+// record's fault: Prepare returns the error before any key is claimed, and
+// the partition pauses as for a store that does not answer; a registry
+// that refuses stops the pipeline. The same holds for the first copy a
+// rules check reads back (Decider.SameRequestUnderCurrentRules).
+//
 // # Why step 7 writes once per key, not once per batch
 //
 // A batch could record its outcome once (one record naming the offsets of
