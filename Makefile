@@ -14,14 +14,19 @@ vet:
 	gofmt -l $$(git ls-files '*.go')
 	go vet ./...
 
-# Fuzz the canonicalizer for a while (FUZZTIME=10m make fuzz).
+# Fuzz the canonicalizer, then the Avro and Protobuf decoders, each for
+# FUZZTIME (FUZZTIME=10m make fuzz).
 FUZZTIME ?= 60s
 fuzz:
 	go test ./dedupe -run '^$$' -fuzz FuzzCanonical -fuzztime $(FUZZTIME)
+	go test ./decode -run '^$$' -fuzz '^FuzzAvroDecode$$' -fuzztime $(FUZZTIME)
+	go test ./decode -run '^$$' -fuzz '^FuzzAvroSchema$$' -fuzztime $(FUZZTIME)
+	go test ./decode -run '^$$' -fuzz '^FuzzProtoDecode$$' -fuzztime $(FUZZTIME)
 
-# Canonicalization against gowebpki/jcs in one run; compare runs with benchstat.
+# Canonicalization against gowebpki/jcs, and one claim fingerprinted as
+# Avro and as JSON, in one run; compare runs with benchstat.
 bench:
-	go test ./dedupe -run '^$$' -bench 'Fingerprint|JCS' -benchmem -count 6 | tee bench.txt
+	go test ./dedupe ./decode -run '^$$' -bench 'Fingerprint|JCS' -benchmem -count 6 | tee bench.txt
 
 # Throughput of `idemstream run` against the strongest kafka-go passthrough
 # (internal/load/passthrough) over one backlog on the same real broker and

@@ -1,22 +1,25 @@
 package decode
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/idemstream/idemstream/dedupe"
 )
 
 // avroReader walks one record's Avro binary under a compiled program and
-// appends its JSON text. The limit bounds the output, so that a record
-// whose blocks claim billions of zero-size items ends in an error, not in
-// a loop without end.
+// appends its JSON text. The limit bounds the output, and the items
+// skipped, so that a record whose blocks claim billions of zero-size items
+// ends in an error, not in a loop without end.
 type avroReader struct {
-	data  []byte
-	pos   int
-	limit int
-	depth int
+	data    []byte
+	pos     int
+	limit   int
+	depth   int
+	skipped int
 }
 
 func malformed(format string, args ...any) error {
@@ -67,6 +70,15 @@ func (r *avroReader) int() (int64, error) {
 	return v, err
 }
 
+// integer reads an int or a long as p's writer wrote it: an int beyond 32
+// bits is no value of its type.
+func (r *avroReader) integer(p *avroProg) (int64, error) {
+	if p.int32 {
+		return r.int()
+	}
+	return r.long()
+}
+
 func (r *avroReader) next(n int) ([]byte, error) {
 	if n < 0 || n > len(r.data)-r.pos {
 		return nil, malformed("avro value claims %d bytes, %d left at byte %d", n, len(r.data)-r.pos, r.pos)
@@ -103,17 +115,15 @@ func (r *avroReader) value(dst []byte, p *avroProg) ([]byte, error) {
 		}
 		return appendBool(dst, b[0] == 1), nil
 	case opInt:
-		v, err := r.long()
+		v, err := r.integer(p)
 		return appendInt(dst, v), err
 	case opIntFloat, opIntDouble:
-		v, err := r.long()
-		if err != nil {
-			return dst, err
-		}
-		if p.op == opIntFloat {
-			return appendFloat(dst, float64(float32(v)), 32)
-		}
-		return appendFloat(dst, float64(v), 64)
+		// Promoted to the reader's float, but written exact: a double
+		// would merge 2^53 + 1 with 2^53, and a float far smaller
+		// integers. An integral float prints the same digits, so a
+		// copy written as a float still compares equal.
+		v, err := r.integer(p)
+		return appendInt(dst, v), err
 	case opFloat, opFloatDouble:
 		b, err := r.next(4)
 		if err != nil {
@@ -136,7 +146,7 @@ func (r *avroReader) value(dst []byte, p *avroProg) ([]byte, error) {
 			return dst, err
 		}
 		if p.op == opDecimalBytes {
-			return appendDecimal(dst, b, p.scale), nil
+			return r.decimal(dst, b, p.scale)
 		}
 		return appendBase64(dst, b), nil
 	case opString, opBytesString:
@@ -151,7 +161,7 @@ func (r *avroReader) value(dst []byte, p *avroProg) ([]byte, error) {
 			return dst, err
 		}
 		if p.op == opDecimalFixed {
-			return appendDecimal(dst, b, p.scale), nil
+			return r.decimal(dst, b, p.scale)
 		}
 		return appendBase64(dst, b), nil
 	}
@@ -171,7 +181,7 @@ func (r *avroReader) complex(dst []byte, p *avroProg) ([]byte, error) {
 			return dst, malformed("avro enum index %d of %d symbols", i, len(p.symbols))
 		}
 		if p.symbols[i] == nil {
-			return dst, fmt.Errorf("%w: the writer's enum symbol %d is not a symbol of the reader's enum, which has no default", dedupe.ErrIncompatibleSchema, i)
+			return dst, fmt.Errorf("%w: the writer's enum symbol %d is not a symbol of the reader's enum", dedupe.ErrIncompatibleSchema, i)
 		}
 		return append(dst, p.symbols[i]...), nil
 	case opArray, opMap:
@@ -186,16 +196,33 @@ func (r *avroReader) complex(dst []byte, p *avroProg) ([]byte, error) {
 		}
 		return r.value(dst, p.cases[i])
 	case opReaderUnion:
-		dst = append(dst, p.open...)
-		out, err := r.value(dst, p.elem)
-		if err != nil || p.open == nil {
+		if p.open == nil {
+			return r.value(dst, p.elem)
+		}
+		// The tag's object is a level of nesting, as the canonicalizer
+		// counts them.
+		if err := r.enter(); err != nil {
+			return dst, err
+		}
+		out, err := r.value(append(dst, p.open...), p.elem)
+		if err != nil {
 			return out, err
 		}
+		r.depth--
 		return append(out, '}'), nil
 	case opFail:
 		return dst, fmt.Errorf("%w: %s", dedupe.ErrIncompatibleSchema, p.err)
 	}
 	return dst, fmt.Errorf("avro program has no step %d", p.op)
+}
+
+// decimal writes a decimal of the given scale: a scale the schema sets in
+// the millions would make every value megabytes of zeros.
+func (r *avroReader) decimal(dst, b []byte, scale int) ([]byte, error) {
+	if scale > r.limit-len(dst) {
+		return dst, malformed("avro decimal of scale %d decodes to more than %d bytes", scale, r.limit)
+	}
+	return appendDecimal(dst, b, scale), nil
 }
 
 func (r *avroReader) enter() error {
@@ -229,6 +256,9 @@ func (r *avroReader) record(dst []byte, p *avroProg) ([]byte, error) {
 			return dst, err
 		}
 	}
+	if r.depth+p.defDepth > dedupe.MaxNestingDepth {
+		return dst, malformed("avro value with its defaults nested deeper than %d levels", dedupe.MaxNestingDepth)
+	}
 	for _, d := range p.defaults {
 		if !first {
 			dst = append(dst, ',')
@@ -252,22 +282,15 @@ func (r *avroReader) blocks(dst []byte, p *avroProg) ([]byte, error) {
 	}
 	dst = append(dst, open)
 	first := true
+	var small [linearKeys][]byte
+	keys := small[:0]
 	for {
-		n, err := r.long()
+		n, err := r.blockCount()
 		if err != nil {
 			return dst, err
 		}
 		if n == 0 {
 			break
-		}
-		if n < 0 {
-			if n == math.MinInt64 {
-				return dst, malformed("avro block count out of range")
-			}
-			n = -n
-			if _, err := r.long(); err != nil {
-				return dst, err
-			}
 		}
 		for ; n > 0; n-- {
 			if len(dst) > r.limit {
@@ -278,11 +301,10 @@ func (r *avroReader) blocks(dst []byte, p *avroProg) ([]byte, error) {
 			}
 			first = false
 			if p.op == opMap {
-				k, err := r.bytes()
-				if err != nil {
+				if keys, err = r.mapKey(keys); err != nil {
 					return dst, err
 				}
-				if dst, err = appendJSONString(dst, k); err != nil {
+				if dst, err = appendJSONString(dst, keys[len(keys)-1]); err != nil {
 					return dst, err
 				}
 				dst = append(dst, ':')
@@ -292,8 +314,62 @@ func (r *avroReader) blocks(dst []byte, p *avroProg) ([]byte, error) {
 			}
 		}
 	}
+	if err := uniqueKeys(keys); err != nil {
+		return dst, err
+	}
 	r.depth--
 	return append(dst, closing), nil
+}
+
+// blockCount reads the count that starts a block, and past the byte size
+// that follows a negative one.
+func (r *avroReader) blockCount() (int64, error) {
+	n, err := r.long()
+	if err != nil || n >= 0 {
+		return n, err
+	}
+	if n == math.MinInt64 {
+		return 0, malformed("avro block count out of range")
+	}
+	if _, err := r.long(); err != nil {
+		return 0, err
+	}
+	return -n, nil
+}
+
+// linearKeys is how many keys of a map are compared with each other as
+// they are read; the keys of a larger map are sorted once it ends.
+const linearKeys = 8
+
+// mapKey reads a map's next key and appends it to keys. A key written
+// twice is refused: JSON would carry both members, and no fingerprint
+// can say which one the producer meant.
+func (r *avroReader) mapKey(keys [][]byte) ([][]byte, error) {
+	k, err := r.bytes()
+	if err != nil {
+		return keys, err
+	}
+	if len(keys) < linearKeys {
+		for _, o := range keys {
+			if string(o) == string(k) {
+				return keys, malformed("avro map repeats the key %q", k)
+			}
+		}
+	}
+	return append(keys, k), nil
+}
+
+func uniqueKeys(keys [][]byte) error {
+	if len(keys) <= linearKeys {
+		return nil
+	}
+	slices.SortFunc(keys, bytes.Compare)
+	for i := 1; i < len(keys); i++ {
+		if bytes.Equal(keys[i-1], keys[i]) {
+			return malformed("avro map repeats the key %q", keys[i])
+		}
+	}
+	return nil
 }
 
 // skip reads past a value of a writer field the reader does not have.
@@ -345,7 +421,7 @@ func (r *avroReader) skipComplex(s *avroSchema) error {
 		}
 		return nil
 	}
-	for items := 0; ; {
+	for {
 		n, err := r.long()
 		if err != nil || n == 0 {
 			return err
@@ -365,7 +441,8 @@ func (r *avroReader) skipComplex(s *avroSchema) error {
 			continue
 		}
 		for ; n > 0; n-- {
-			if items++; items > r.limit {
+			// Counted across the whole record: nested blocks multiply.
+			if r.skipped++; r.skipped > r.limit {
 				return malformed("avro value has more than %d items", r.limit)
 			}
 			if s.kind == avroMap {

@@ -44,12 +44,15 @@ const (
 
 type avroProg struct {
 	op    avroOp
-	size  int // fixed size
-	scale int // decimal scale
+	int32 bool // the writer's int (not long) read by opInt, opIntFloat or opIntDouble
+	size  int  // fixed size
+	scale int  // decimal scale
 	// record: the writer's fields in order; defaults of the reader's
-	// fields the writer lacks, each as `"name":value`.
+	// fields the writer lacks, each as `"name":value`, and the deepest
+	// nesting of those values.
 	fields   []progField
 	defaults [][]byte
+	defDepth int
 	// enum: the writer's symbol index to the quoted reader symbol.
 	symbols [][]byte
 	elem    *avroProg   // array items, map values, the value inside a tag
@@ -66,13 +69,22 @@ type progField struct {
 	skip *avroSchema
 }
 
+// resolver compiles a pair of schemas. A record, array or map enters memo
+// before its parts are resolved, so that a recursive type resolves to a
+// cycle; its parts assume it resolves. When it does not, everything
+// resolved under that assumption leaves memo with it (a writer union
+// keeps going past a branch that fails, and a later reference to the
+// same pair must not find the half-built program). The failure stays in
+// failed: it happened under the most favourable assumption.
 type resolver struct {
-	memo map[[2]*avroSchema]*avroProg
+	memo   map[[2]*avroSchema]*avroProg
+	order  [][2]*avroSchema // memo's keys, oldest first
+	failed map[[2]*avroSchema]error
 }
 
 // compileAvro resolves the writer schema against the reader schema.
 func compileAvro(w, r *avroSchema) (*avroProg, error) {
-	rs := &resolver{memo: map[[2]*avroSchema]*avroProg{}}
+	rs := &resolver{memo: map[[2]*avroSchema]*avroProg{}, failed: map[[2]*avroSchema]error{}}
 	p, err := rs.resolve(w, r, "")
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", dedupe.ErrIncompatibleSchema, err)
@@ -167,7 +179,7 @@ func namesMatch(w, r *avroSchema) bool {
 
 func (rs *resolver) resolveSame(w, r *avroSchema, path string) (*avroProg, error) {
 	if op, ok := primitiveOp(w, r); ok {
-		return &avroProg{op: op, scale: r.scale}, nil
+		return &avroProg{op: op, scale: r.scale, int32: w.kind == avroInt}, nil
 	}
 	if w.kind != r.kind {
 		return nil, fmt.Errorf("%s: the writer's %s cannot be read as %s", at(path), describeKind(w), describeKind(r))
@@ -176,14 +188,20 @@ func (rs *resolver) resolveSame(w, r *avroSchema, path string) (*avroProg, error
 	if p, ok := rs.memo[key]; ok {
 		return p, nil
 	}
+	if err, ok := rs.failed[key]; ok {
+		return nil, fmt.Errorf("%s: %w", at(path), err)
+	}
 	switch w.kind {
 	case avroRecord:
 		if !namesMatch(w, r) {
 			return nil, fmt.Errorf("%s: record %s cannot be read as record %s", at(path), w.name, r.name)
 		}
 		p := &avroProg{op: opRecord}
-		rs.memo[key] = p
-		return p, rs.record(p, w, r, path)
+		mark := rs.remember(key, p)
+		if err := rs.record(p, w, r, path); err != nil {
+			return nil, rs.forget(key, mark, err)
+		}
+		return p, nil
 	case avroEnum:
 		return enumProg(w, r, path)
 	case avroFixed:
@@ -203,12 +221,30 @@ func (rs *resolver) resolveSame(w, r *avroSchema, path string) (*avroProg, error
 		if w.kind == avroMap {
 			p.op, wi, ri = opMap, w.values, r.values
 		}
-		rs.memo[key] = p
+		mark := rs.remember(key, p)
 		elem, err := rs.resolve(wi, ri, path+"/*")
+		if err != nil {
+			return nil, rs.forget(key, mark, err)
+		}
 		p.elem = elem
-		return p, err
+		return p, nil
 	}
 	return nil, fmt.Errorf("%s: the writer's %s cannot be read as %s", at(path), describeKind(w), describeKind(r))
+}
+
+func (rs *resolver) remember(key [2]*avroSchema, p *avroProg) int {
+	rs.memo[key] = p
+	rs.order = append(rs.order, key)
+	return len(rs.order) - 1
+}
+
+func (rs *resolver) forget(key [2]*avroSchema, mark int, err error) error {
+	for _, k := range rs.order[mark:] {
+		delete(rs.memo, k)
+	}
+	rs.order = rs.order[:mark]
+	rs.failed[key] = err
+	return err
 }
 
 func primitiveOp(w, r *avroSchema) (avroOp, bool) {
@@ -261,8 +297,30 @@ func (rs *resolver) record(p *avroProg, w, r *avroSchema, path string) error {
 			return fmt.Errorf("%s: default of %s: %w", at(path), rf.name, err)
 		}
 		p.defaults = append(p.defaults, append(memberName(rf.name), v...))
+		p.defDepth = max(p.defDepth, jsonDepth(v))
 	}
 	return nil
+}
+
+// jsonDepth is the deepest nesting of objects and arrays in the JSON text
+// v: a default's, which the decoder adds to the depth it is written at.
+func jsonDepth(v []byte) int {
+	depth, deepest, inString := 0, 0, false
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+			deepest = max(deepest, depth)
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return deepest
 }
 
 func memberName(n string) []byte { return append(append([]byte{'"'}, n...), '"', ':') }
@@ -273,8 +331,10 @@ func enumProg(w, r *avroSchema, path string) (*avroProg, error) {
 	}
 	p := &avroProg{op: opEnum}
 	for _, s := range w.symbols {
+		// Avro reads a symbol the reader lacks as the reader's default;
+		// that would make two requests one, so decoding it fails instead.
 		if !slices.Contains(r.symbols, s) {
-			s = r.enumDef // "" when none: decoding that symbol fails
+			s = ""
 		}
 		if s == "" {
 			p.symbols = append(p.symbols, nil)
@@ -323,8 +383,17 @@ func defaultJSON(dst []byte, s *avroSchema, def json.RawMessage, depth int) ([]b
 	return defaultValue(dst, s, v, depth)
 }
 
+// maxDefaultJSON bounds a default's JSON: a record's default fills the
+// fields it leaves out from their own defaults, and a few record types,
+// each with two fields of the next, would otherwise double it at every
+// level.
+const maxDefaultJSON = 1 << 20
+
 func defaultValue(dst []byte, s *avroSchema, v any, depth int) ([]byte, error) {
 	bad := func() ([]byte, error) { return nil, fmt.Errorf("%v is not a %s", v, describeKind(s)) }
+	if len(dst) > maxDefaultJSON {
+		return nil, fmt.Errorf("default is more than %d bytes of JSON", maxDefaultJSON)
+	}
 	switch s.kind {
 	case avroNull:
 		if v != nil {
@@ -345,7 +414,7 @@ func defaultValue(dst []byte, s *avroSchema, v any, depth int) ([]byte, error) {
 			return bad()
 		}
 		raw, ok := latin1Bytes(str)
-		if !ok || (s.kind == avroFixed && len(raw) != s.size) {
+		if !ok || (s.kind == avroFixed && len(raw) != s.size) || (s.decimal && s.scale > maxDefaultJSON) {
 			return bad()
 		}
 		if s.decimal {

@@ -59,7 +59,7 @@ func claimV1Bytes(clientTime string, amountCents int64) []byte {
 	e = e.long(1).str("urgent")
 	e = e.long(1)
 	e = e.raw(0xde, 0xad, 0xbe, 0xef)
-	e = e.long(-1).long(9).str("k").str("v\"q").long(0) // a block with its byte size
+	e = e.long(-1).long(6).str("k").str("v\"q").long(0) // a block with its byte size
 	e = e.double(0.1)
 	e = e.long(3).str("A-9").long(7).long(-5)
 	e = e.long(math.MaxInt64)
@@ -285,5 +285,29 @@ func TestAvroDecimalsAndDefaults(t *testing.T) {
 	}
 	if c := string(canonical(t, got)); c != `{"b":"/wE=","m":{"a":1,"b":2},"r":{"x":4},"u":"hi"}` {
 		t.Fatalf("got %s", c)
+	}
+}
+
+// TestAvroReadsNeverMergeTwoValues: resolutions that Avro allows but that
+// would make two requests one are refused or kept exact.
+func TestAvroReadsNeverMergeTwoValues(t *testing.T) {
+	w := `{"type":"record","name":"R","fields":[{"name":"n","type":"long"},{"name":"e","type":{"type":"enum","name":"E","symbols":["A","B","C"]}}]}`
+	r := `{"type":"record","name":"R","fields":[{"name":"n","type":"double"},{"name":"e","type":{"type":"enum","name":"E","symbols":["A"],"default":"A"}}]}`
+	p := mustAvro(t, w, r)
+	a, err := appendAvroJSON(nil, p, avroEnc{}.long(1<<53+1).long(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := appendAvroJSON(nil, p, avroEnc{}.long(1<<53).long(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(canonical(t, a)) == string(canonical(t, b)) {
+		t.Fatalf("2^53+1 and 2^53 read as one double: %s", a)
+	}
+	for _, sym := range []int64{1, 2} {
+		if _, err := appendAvroJSON(nil, p, avroEnc{}.long(1).long(sym)); !errors.Is(err, dedupe.ErrIncompatibleSchema) {
+			t.Errorf("symbol %d that the reader lacks: %v, want incompatible, not the default", sym, err)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package decode
 
 import (
 	"encoding/base64"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/big"
@@ -48,9 +49,18 @@ const hexDigits = "0123456789abcdef"
 func appendJSONString(dst []byte, s []byte) ([]byte, error) {
 	dst = append(dst, '"')
 	start := 0
-	for i := 0; i < len(s); i++ {
+	for i := 0; i < len(s); {
+		// Most strings are printable ASCII without quotes: eight bytes a
+		// step until one is not.
+		for i+8 <= len(s) && !needsAttention(binary.LittleEndian.Uint64(s[i:])) {
+			i += 8
+		}
+		if i == len(s) {
+			break
+		}
 		c := s[i]
 		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+			i++
 			continue
 		}
 		if c >= utf8.RuneSelf {
@@ -58,7 +68,7 @@ func appendJSONString(dst []byte, s []byte) ([]byte, error) {
 			if r == utf8.RuneError && n == 1 {
 				return dst, fmt.Errorf("%w: string is not valid UTF-8 at byte %d", dedupe.ErrMalformedPayload, i)
 			}
-			i += n - 1
+			i += n
 			continue
 		}
 		dst = append(dst, s[start:i]...)
@@ -68,15 +78,28 @@ func appendJSONString(dst []byte, s []byte) ([]byte, error) {
 		default:
 			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
 		}
-		start = i + 1
+		i++
+		start = i
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"'), nil
 }
 
+// needsAttention says whether any of the eight bytes in x is a control
+// character, a quote, a backslash or part of a multi-byte character
+// (the bit tricks of "Bit Twiddling Hacks": a byte below n, a zero byte).
+func needsAttention(x uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	control := x - ones*0x20
+	quote := x ^ (ones * '"')
+	backslash := x ^ (ones * '\\')
+	return (control|(quote-ones)&^quote|(backslash-ones)&^backslash|x)&highs != 0
+}
+
 // appendDecimal writes a decimal's exact value: b is the unscaled value,
 // two's complement big-endian, and scale the digits after the point.
 func appendDecimal(dst []byte, b []byte, scale int) []byte {
+	var buf [20]byte // a uint64's digits: no allocation for the usual amounts
 	var digits []byte
 	neg := len(b) > 0 && b[0]&0x80 != 0
 	if len(b) <= 8 {
@@ -88,9 +111,9 @@ func appendDecimal(dst []byte, b []byte, scale int) []byte {
 			v = v<<8 | int64(c)
 		}
 		if v < 0 {
-			digits = strconv.AppendUint(nil, uint64(-(v+1))+1, 10)
+			digits = strconv.AppendUint(buf[:0], uint64(-(v+1))+1, 10)
 		} else {
-			digits = strconv.AppendInt(nil, v, 10)
+			digits = strconv.AppendInt(buf[:0], v, 10)
 		}
 	} else {
 		n := new(big.Int).SetBytes(b)
@@ -106,8 +129,12 @@ func appendDecimal(dst []byte, b []byte, scale int) []byte {
 	if scale == 0 {
 		return append(dst, digits...)
 	}
-	for len(digits) <= scale {
-		digits = append([]byte{'0'}, digits...)
+	if zeros := scale - len(digits); zeros >= 0 {
+		dst = append(dst, '0', '.')
+		for range zeros {
+			dst = append(dst, '0')
+		}
+		return append(dst, digits...)
 	}
 	dst = append(dst, digits[:len(digits)-scale]...)
 	dst = append(dst, '.')

@@ -263,10 +263,13 @@ func (d *Decider) DecideRulesChecked(ctx context.Context, holder string, recs []
 	return d.decide(ctx, holder, recs, intent, wait, true)
 }
 
-func (d *Decider) decide(ctx context.Context, holder string, recs []Record, intent IntentFunc, wait, rulesChecked bool) ([]Outcome, []int, error) {
-	out := make([]Outcome, len(recs))
-	reqs := make([]DecideRequest, 0, len(recs))
-	idx := make([]int, 0, len(recs))
+// requests prepares every record: the invalid ones get their outcome at
+// once, the others a request to the store (reqs, with their indexes in
+// idx). An error that is no record's fault decides nothing.
+func (d *Decider) requests(holder string, recs []Record, intent IntentFunc, rulesChecked bool) (out []Outcome, reqs []DecideRequest, idx []int, err error) {
+	out = make([]Outcome, len(recs))
+	reqs = make([]DecideRequest, 0, len(recs))
+	idx = make([]int, 0, len(recs))
 	for i := range recs {
 		rec := &recs[i]
 		prep := d.Prepare(rec)
@@ -274,7 +277,7 @@ func (d *Decider) decide(ctx context.Context, holder string, recs []Record, inte
 			// A schema registry that did not answer (retryable: the
 			// caller pauses and decides the batch again) or refused
 			// (fatal: the pipeline stops): nothing is decided.
-			return make([]Outcome, len(recs)), nil, prep.Err
+			return make([]Outcome, len(recs)), nil, nil, prep.Err
 		}
 		out[i] = Outcome{Key: prep.Key, Fingerprint: prep.Fingerprint, RulesDigest: prep.RulesDigest}
 		if prep.Err != nil {
@@ -302,7 +305,14 @@ func (d *Decider) decide(ctx context.Context, holder string, recs []Record, inte
 		reqs = append(reqs, req)
 		idx = append(idx, i)
 	}
+	return out, reqs, idx, nil
+}
 
+func (d *Decider) decide(ctx context.Context, holder string, recs []Record, intent IntentFunc, wait, rulesChecked bool) ([]Outcome, []int, error) {
+	out, reqs, idx, err := d.requests(holder, recs, intent, rulesChecked)
+	if err != nil {
+		return out, nil, err
+	}
 	deadline := d.now().Add(d.policy.PendingTimeout)
 	backoff := 25 * time.Millisecond
 	final := false

@@ -54,30 +54,9 @@ func cmdValidate(ctx context.Context, e *env, args []string) (err error) {
 		fmt.Fprintf(e.stdout, "problem: "+format+"\n", a...)
 	}
 
-	io, err := sinks.Connect(cfg, e.getenv)
-	if err != nil {
+	if err := checkTopics(ctx, e, cfg, problem); err != nil {
 		return err
 	}
-	defer io.Close()
-	for _, p := range cfg.Pipelines {
-		for _, t := range []struct{ role, topic string }{{"input", p.Input}, {"output", p.Output}, {"dlq", p.DLQ}, {"replies", p.Replies}} {
-			if t.topic == "" {
-				continue
-			}
-			tctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-			n, err := io.Partitions(tctx, t.topic)
-			cancel()
-			switch {
-			case errors.Is(err, sinks.ErrUnknownTopic):
-				problem("pipeline %s: %s topic %s does not exist: create it (kafka-topics.sh --create --topic %s)", p.Name, t.role, t.topic, t.topic)
-			case err != nil:
-				problem("pipeline %s: %s topic %s: %v: check kafka.brokers (%s) and the credentials", p.Name, t.role, t.topic, err, strings.Join(cfg.Kafka.Brokers, ","))
-			default:
-				fmt.Fprintf(e.stdout, "kafka: pipeline %s: %s topic %s has %d partition(s)\n", p.Name, t.role, t.topic, n)
-			}
-		}
-	}
-
 	checkSchemas(ctx, e, cfg, problem)
 	if cfg.Store.Kind == "redis" {
 		store, closeStore, err := consumer.OpenStore(cfg, e.getenv)
@@ -142,4 +121,33 @@ func checkSchemas(ctx context.Context, e *env, cfg *schemas.Config, problem func
 			fmt.Fprintf(e.stdout, "schema: pipeline %s resolves %s records to %s version %d (id %d)\n", p.Name, p.Payload, subject, version, id)
 		}
 	}
+}
+
+// checkTopics checks that every pipeline's topics exist.
+func checkTopics(ctx context.Context, e *env, cfg *schemas.Config, problem func(string, ...any)) error {
+	io, err := sinks.Connect(cfg, e.getenv)
+	if err != nil {
+		return err
+	}
+	defer io.Close()
+	for _, p := range cfg.Pipelines {
+		for _, t := range []struct{ role, topic string }{{"input", p.Input}, {"output", p.Output}, {"dlq", p.DLQ}, {"replies", p.Replies}} {
+			if t.topic == "" {
+				continue
+			}
+			tctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			n, err := io.Partitions(tctx, t.topic)
+			cancel()
+			switch {
+			case errors.Is(err, sinks.ErrUnknownTopic):
+				problem("pipeline %s: %s topic %s does not exist: create it (kafka-topics.sh --create --topic %s)", p.Name, t.role, t.topic, t.topic)
+			case err != nil:
+				problem("pipeline %s: %s topic %s: %v: check kafka.brokers (%s) and the credentials", p.Name, t.role, t.topic, err, strings.Join(cfg.Kafka.Brokers, ","))
+			default:
+				fmt.Fprintf(e.stdout, "kafka: pipeline %s: %s topic %s has %d partition(s)\n", p.Name, t.role, t.topic, n)
+			}
+		}
+	}
+
+	return nil
 }
