@@ -842,7 +842,7 @@ func (d *protoDecoder) mapField(dst []byte, fd protoreflect.FieldDescriptor, lo,
 		} else {
 			dst = pbComma(dst, n)
 			n++
-			dst, _ = pbAppendString(dst, key) // checked valid when read
+			dst, _ = appendJSONString(dst, key) // checked valid when read
 			dst = append(dst, ':')
 			dst, err = d.mapValue(dst, fd, e.pos, depth+1)
 		}
@@ -962,8 +962,8 @@ func (d *protoDecoder) scalar(dst []byte, fd protoreflect.FieldDescriptor, o *pr
 	case protoreflect.DoubleKind:
 		return d.float(dst, math.Float64frombits(o.val), 64)
 	case protoreflect.StringKind:
-		out, ok := pbAppendString(dst, d.bytes(o))
-		if !ok {
+		out, err := appendJSONString(dst, d.bytes(o))
+		if err != nil {
 			return dst, pbErrorf(dedupe.ErrMalformedPayload, "string is not valid UTF-8")
 		}
 		return out, nil
@@ -983,49 +983,6 @@ func (d *protoDecoder) float(dst []byte, f float64, bits int) ([]byte, error) {
 	}
 	return strconv.AppendFloat(dst, f, 'g', -1, bits), nil
 }
-
-// pbAppendString writes s as a JSON string, or reports that it is not
-// UTF-8. Only what JSON requires is escaped; the canonicalizer decides the
-// final form.
-func pbAppendString(dst, s []byte) ([]byte, bool) {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if pbPlain[c] {
-			i++
-			continue
-		}
-		if c >= utf8.RuneSelf {
-			r, n := utf8.DecodeRune(s[i:])
-			if r == utf8.RuneError && n == 1 {
-				return dst, false
-			}
-			i += n
-			continue
-		}
-		dst = append(dst, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			dst = append(dst, '\\', c)
-		default:
-			dst = append(dst, '\\', 'u', '0', '0', "0123456789abcdef"[c>>4], "0123456789abcdef"[c&0xf])
-		}
-		i++
-		start = i
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"'), true
-}
-
-// pbPlain marks the bytes a JSON string holds as they are: ASCII but for
-// control characters, quote and backslash.
-var pbPlain = func() (t [256]bool) {
-	for c := 0x20; c < utf8.RuneSelf; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return t
-}()
 
 // protoError is a decoding error on its way out of the walk, collecting
 // the JSON Pointer of where it happened.
