@@ -38,6 +38,41 @@ const (
  {"name":"items","type":{"type":"array","items":{"type":"record","name":"Item","fields":[{"name":"qty","type":"int"},{"name":"sku","type":"string"}]}}}]}`
 )
 
+// schemaRun is one `idemstream run` of one pipeline whose payloads are
+// read through a real registry, with the first version of its schema
+// registered (id v1) before it starts.
+type schemaRun struct {
+	reg          *testenv.SchemaRegistry
+	cl           *sr.Client
+	in, out, dlq string
+	inst         *instance
+	io           *sinks.Kafka
+	v1           int
+}
+
+// startSchemaRun starts the registry and the instance: payload avro or
+// protobuf, /client_time volatile, /items unordered, keys of any format.
+func startSchemaRun(t *testing.T, payload, schemaV1 string) *schemaRun {
+	t.Helper()
+	brokers := testenv.KafkaBrokers(t)
+	redisAddr := testenv.RedisAddr(t)
+	r := &schemaRun{reg: testenv.StartSchemaRegistry(t)}
+	var err error
+	if r.cl, err = sr.NewClient(sr.URLs(r.reg.URL)); err != nil {
+		t.Fatal(err)
+	}
+	typ := map[string]sr.SchemaType{"avro": sr.TypeAvro, "protobuf": sr.TypeProtobuf}[payload]
+	var run string
+	run, r.in, r.out, r.dlq = pipelineTopics(t, brokers, payload, 1)
+	r.v1 = registerSchema(t, r.cl, r.in+"-value", schemaV1, typ)
+	config := writeRunConfig(t, brokers, redisAddr, run, fmt.Sprintf(
+		"{name: p, input: %s, output: %s, dlq: %s, key: {format: any}, payload: %s, volatile: [/client_time], unordered: [/items]}", r.in, r.out, r.dlq, payload))
+	r.inst = startInstance(t, withRegistry(t, config, r.reg.URL), nil)
+	waitUntil(t, 90*time.Second, "ready", func() bool { code, _ := r.inst.get("/readyz"); return code == 200 })
+	r.io = sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	return r
+}
+
 func registerSchema(t *testing.T, cl *sr.Client, subject, text string, typ sr.SchemaType) int {
 	t.Helper()
 	ss, err := cl.CreateSchema(context.Background(), subject, sr.Schema{Schema: text, Type: typ})
@@ -56,22 +91,8 @@ func registerSchema(t *testing.T, cl *sr.Client, subject, text string, typ sr.Sc
 // registry stopped mid-stream pauses the partition (not ready, nothing
 // dead-lettered) until it is back.
 func TestRunAvroThroughARealRegistry(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	redisAddr := testenv.RedisAddr(t)
-	reg := testenv.StartSchemaRegistry(t)
-	cl, err := sr.NewClient(sr.URLs(reg.URL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	run, in, out, dlq := pipelineTopics(t, brokers, "avro", 1)
-	v1 := registerSchema(t, cl, in+"-value", claimAvroV1, sr.TypeAvro)
-	config := writeRunConfig(t, brokers, redisAddr, run, fmt.Sprintf(
-		"{name: p, input: %s, output: %s, dlq: %s, key: {format: any}, payload: avro, volatile: [/client_time], unordered: [/items]}", in, out, dlq))
-	config = withRegistry(t, config, reg.URL)
-	inst := startInstance(t, config, nil)
-	waitUntil(t, 90*time.Second, "ready", func() bool { code, _ := inst.get("/readyz"); return code == 200 })
-
-	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	run := startSchemaRun(t, "avro", claimAvroV1)
+	reg, cl, in, out, dlq, inst, io, v1 := run.reg, run.cl, run.in, run.out, run.dlq, run.inst, run.io, run.v1
 	claim := func(coupon int, amount int, tm string, items string) string {
 		return fmt.Sprintf(`{"coupon_id":%d,"user_id":"u-1024","amount":%d,"client_time":%q,"items":%s}`, coupon, amount, tm, items)
 	}
@@ -226,21 +247,8 @@ func descriptorSet(t *testing.T, name, text string) []byte {
 // amount a conflict naming /amount, and a retry written under the
 // producer's next schema version no false conflict.
 func TestRunProtobufThroughARealRegistry(t *testing.T) {
-	brokers := testenv.KafkaBrokers(t)
-	redisAddr := testenv.RedisAddr(t)
-	reg := testenv.StartSchemaRegistry(t)
-	cl, err := sr.NewClient(sr.URLs(reg.URL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	run, in, out, dlq := pipelineTopics(t, brokers, "proto", 1)
-	v1 := registerSchema(t, cl, in+"-value", claimProtoV1, sr.TypeProtobuf)
-	config := writeRunConfig(t, brokers, redisAddr, run, fmt.Sprintf(
-		"{name: p, input: %s, output: %s, dlq: %s, key: {format: any}, payload: protobuf, volatile: [/client_time], unordered: [/items]}", in, out, dlq))
-	inst := startInstance(t, withRegistry(t, config, reg.URL), nil)
-	waitUntil(t, 90*time.Second, "ready", func() bool { code, _ := inst.get("/readyz"); return code == 200 })
-
-	io := sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second})
+	run := startSchemaRun(t, "protobuf", claimProtoV1)
+	cl, in, out, dlq, inst, io, v1 := run.cl, run.in, run.out, run.dlq, run.inst, run.io, run.v1
 	set1 := descriptorSet(t, "claim.proto", claimProtoV1)
 	recs := testenv.JavaProtobuf(t, set1, "coupon.v1.Claim", v1, []int{0},
 		`{"couponId":"1","userId":"u-1","amount":"50","clientTime":"10:00:00","items":[{"sku":"A","qty":1},{"sku":"B","qty":2}]}`,
