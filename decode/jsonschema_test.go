@@ -1,0 +1,55 @@
+package decode_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/sr"
+	"github.com/twmb/franz-go/pkg/sr/srfake"
+
+	"github.com/idemstream/idemstream/decode"
+	"github.com/idemstream/idemstream/dedupe"
+)
+
+// TestJSONSchemaPayloads: the JSON after the framing is the payload,
+// checked against the JSON Schema its id names, references included.
+func TestJSONSchemaPayloads(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	reg.SeedSchema("amount", 1, 10, sr.Schema{Schema: `{"type":"integer","minimum":1}`, Type: sr.TypeJSON})
+	reg.SeedSchema("claims-value", 1, 11, sr.Schema{
+		Schema:     `{"type":"object","required":["coupon_id","amount"],"properties":{"coupon_id":{"type":"integer"},"amount":{"$ref":"amount.json"}}}`,
+		Type:       sr.TypeJSON,
+		References: []sr.SchemaReference{{Name: "amount.json", Subject: "amount", Version: 1}},
+	})
+	reg.SeedSchema("other-value", 1, 12, sr.Schema{Schema: `{"type":"record","name":"R","fields":[]}`, Type: sr.TypeAvro})
+	r, err := decode.NewRegistry(decode.RegistryConfig{URL: reg.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := decode.Open(context.Background(), decode.Options{Format: dedupe.PayloadJSONSchema, Registry: r, Subject: "claims-value"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"amount": 50, "coupon_id": 7}`
+	got, err := d.AppendJSON(nil, framed(11, []byte(body)...))
+	if err != nil || string(got) != body {
+		t.Fatalf("a valid claim: %s %v", got, err)
+	}
+	for _, c := range []struct {
+		name   string
+		value  []byte
+		reason dedupe.Reason
+	}{
+		{"violates the referenced schema", framed(11, []byte(`{"amount":0,"coupon_id":7}`)...), dedupe.ReasonInvalidSchema},
+		{"misses a field", framed(11, []byte(`{"amount":5}`)...), dedupe.ReasonInvalidSchema},
+		{"not JSON", framed(11, []byte(`{"amount":`)...), dedupe.ReasonMalformedPayload},
+		{"no framing", []byte(body), dedupe.ReasonMalformedPayload},
+		{"an Avro schema's id", framed(12, []byte(body)...), dedupe.ReasonIncompatibleSchema},
+		{"an unknown id", framed(13, []byte(body)...), dedupe.ReasonUnknownSchema},
+	} {
+		if _, err := d.AppendJSON(nil, c.value); dedupe.ReasonOf(err) != c.reason {
+			t.Errorf("%s: %v, want %s", c.name, err, c.reason)
+		}
+	}
+}
