@@ -42,6 +42,9 @@ bench:
 # javac and mvn) over the same backlog. After each round two floor runs of
 # the passthrough (a fingerprint per record; a fingerprint and a SET NX)
 # show what the least idempotent consumer costs; LOAD_FLOOR=0 leaves them out.
+# LOAD_PAYLOAD=avro (json by default) also writes the backlog in Avro behind a
+# schema registry and, after each idemstream run, runs one over it with
+# `payload: avro` (J A J A ...), and prints the Avro/JSON rate ratio.
 LOAD_RECORDS ?= 325000
 LOAD_ROUNDS ?= 3
 LOAD_WARMUPS ?= 6
@@ -50,9 +53,10 @@ LOAD_REDIS_AOF ?=
 LOAD_PASSTHROUGH_ARGS ?=
 LOAD_STREAMS ?=
 LOAD_FLOOR ?= 1
+LOAD_PAYLOAD ?= json
 load:
 	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start && \
-	  IDEMSTREAM_LOAD=1 IDEMSTREAM_LOAD_RECORDS=$(LOAD_RECORDS) IDEMSTREAM_LOAD_ROUNDS=$(LOAD_ROUNDS) IDEMSTREAM_LOAD_WARMUPS=$(LOAD_WARMUPS) IDEMSTREAM_LOAD_PREFILL=$(LOAD_PREFILL) IDEMSTREAM_LOAD_REDIS_AOF=$(LOAD_REDIS_AOF) IDEMSTREAM_LOAD_STREAMS=$(LOAD_STREAMS) IDEMSTREAM_LOAD_FLOOR=$(LOAD_FLOOR) \
+	  IDEMSTREAM_LOAD=1 IDEMSTREAM_LOAD_RECORDS=$(LOAD_RECORDS) IDEMSTREAM_LOAD_ROUNDS=$(LOAD_ROUNDS) IDEMSTREAM_LOAD_WARMUPS=$(LOAD_WARMUPS) IDEMSTREAM_LOAD_PREFILL=$(LOAD_PREFILL) IDEMSTREAM_LOAD_REDIS_AOF=$(LOAD_REDIS_AOF) IDEMSTREAM_LOAD_STREAMS=$(LOAD_STREAMS) IDEMSTREAM_LOAD_FLOOR=$(LOAD_FLOOR) IDEMSTREAM_LOAD_PAYLOAD=$(LOAD_PAYLOAD) \
 	  IDEMSTREAM_LOAD_PASSTHROUGH_ARGS="$(LOAD_PASSTHROUGH_ARGS)" \
 	  go test ./internal/load -run TestThroughput -count=1 -v -timeout 40m'
 

@@ -30,6 +30,15 @@
 // kafka-streams with javac, timed the same way (its application.id is
 // its group).
 //
+// With IDEMSTREAM_LOAD_PAYLOAD=avro (make load LOAD_PAYLOAD=avro) the same
+// commands are also written in Avro, in the registry's wire format, to a
+// backlog of their own (the same keys and headers; avro_test.go has the
+// schema and the encoder), with a real schema registry
+// (testenv.StartSchemaRegistry) holding their schema; after each round's
+// JSON run an idemstream run with `payload: avro` and the same rules reads
+// that backlog, so that JSON and Avro runs alternate in one run and each
+// Avro run is compared with the JSON run just before it.
+//
 // The helpers that need no server (workload, percentiles, the INFO parser)
 // are tested in every go test run.
 package load

@@ -32,7 +32,8 @@ const partitions = 6
 type loadSettings struct {
 	records, rounds, warmups, prefill int
 	bound                             time.Duration
-	floors                            bool // floor runs after each round
+	floors                            bool   // floor runs after each round
+	payload                           string // json, or avro: Avro rounds beside the JSON ones
 }
 
 func readLoadSettings(t *testing.T) loadSettings {
@@ -44,6 +45,7 @@ func readLoadSettings(t *testing.T) loadSettings {
 		prefill: envCount(t, "IDEMSTREAM_LOAD_PREFILL", 0),
 		bound:   envDuration(t, "IDEMSTREAM_LOAD_BOUND", 10*time.Minute),
 		floors:  envSwitch(t, "IDEMSTREAM_LOAD_FLOOR", true),
+		payload: envChoice(t, "IDEMSTREAM_LOAD_PAYLOAD", "json", "avro"),
 	}
 }
 
@@ -78,6 +80,27 @@ func envSwitch(t *testing.T, name string, def bool) bool {
 		t.Fatalf("%s=%q: want 0 or 1", name, v)
 		return false
 	}
+}
+
+// envChoice reads a setting that must be one of choices, or the first of
+// them.
+func envChoice(t *testing.T, name string, choices ...string) string {
+	t.Helper()
+	v, err := parseChoice(name, os.Getenv(name), choices)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func parseChoice(name, v string, choices []string) (string, error) {
+	if v == "" {
+		return choices[0], nil
+	}
+	if !slices.Contains(choices, v) {
+		return "", fmt.Errorf("%s=%q: want one of %s", name, v, strings.Join(choices, ", "))
+	}
+	return v, nil
 }
 
 // envInt reads a positive integer setting, or def.
@@ -537,6 +560,38 @@ func cpuSeconds(pid int) float64 {
 		return -1
 	}
 	return (utime + stime) / 100
+}
+
+// machineCPU is the CPU time all the machine's cores spent busy so far
+// (the first line of /proc/stat: every field but idle and iowait, in
+// clock ticks of 1/100 s), or -1.
+func machineCPU() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return -1
+	}
+	return parseMachineCPU(string(b))
+}
+
+func parseMachineCPU(stat string) float64 {
+	line, _, _ := strings.Cut(stat, "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return -1
+	}
+	// user nice system idle iowait irq softirq steal [guest guest_nice,
+	// which user and nice already count]
+	var busy float64
+	for i, v := range f[1:min(len(f), 9)] {
+		n, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return -1
+		}
+		if i != 3 && i != 4 {
+			busy += n
+		}
+	}
+	return busy / 100
 }
 
 // loadAverage is the first three fields of /proc/loadavg: how busy the

@@ -178,7 +178,7 @@ func TestMakefileDefaultsAreAccepted(t *testing.T) {
 		t.Setenv(m[1], v)
 		seen[m[1]] = true
 	}
-	for _, name := range []string{"IDEMSTREAM_LOAD_RECORDS", "IDEMSTREAM_LOAD_ROUNDS", "IDEMSTREAM_LOAD_WARMUPS", "IDEMSTREAM_LOAD_PREFILL", "IDEMSTREAM_LOAD_FLOOR", "IDEMSTREAM_LATENCY_RATE", "IDEMSTREAM_LATENCY_DURATION"} {
+	for _, name := range []string{"IDEMSTREAM_LOAD_RECORDS", "IDEMSTREAM_LOAD_ROUNDS", "IDEMSTREAM_LOAD_WARMUPS", "IDEMSTREAM_LOAD_PREFILL", "IDEMSTREAM_LOAD_FLOOR", "IDEMSTREAM_LOAD_PAYLOAD", "IDEMSTREAM_LATENCY_RATE", "IDEMSTREAM_LATENCY_DURATION"} {
 		if !seen[name] {
 			t.Errorf("the Makefile no longer passes %s: this test reads the wrong file", name)
 		}
@@ -190,7 +190,41 @@ func TestMakefileDefaultsAreAccepted(t *testing.T) {
 	if !load.floors {
 		t.Errorf("make load leaves the floor runs out by default")
 	}
+	if load.payload != "json" {
+		t.Errorf("make load's default payload is %q, want json (the Avro rounds only when asked for)", load.payload)
+	}
 	if lat := readLatencySettings(t); lat.rate != 0 {
 		t.Errorf("make latency's default rate is %d, want 0 (calibrated in the run)", lat.rate)
+	}
+}
+
+// LOAD_PAYLOAD is json or avro, and nothing else: a misspelt avro must
+// not run the JSON rounds alone and look like an Avro run.
+func TestLoadPayloadChoices(t *testing.T) {
+	choices := []string{"json", "avro"}
+	for v, want := range map[string]string{"": "json", "json": "json", "avro": "avro"} {
+		if got, err := parseChoice("IDEMSTREAM_LOAD_PAYLOAD", v, choices); err != nil || got != want {
+			t.Errorf("IDEMSTREAM_LOAD_PAYLOAD=%q: %q, %v; want %q", v, got, err, want)
+		}
+	}
+	for _, v := range []string{"AVRO", "Avro", " avro", "protobuf", "0", "1"} {
+		if got, err := parseChoice("IDEMSTREAM_LOAD_PAYLOAD", v, choices); err == nil {
+			t.Errorf("IDEMSTREAM_LOAD_PAYLOAD=%q accepted as %q", v, got)
+		}
+	}
+}
+
+func TestParseMachineCPU(t *testing.T) {
+	stat := "cpu  550571 12 82755 387771 3281 7 3138 276 40 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
+	// user + nice + system + irq + softirq + steal; idle, iowait and the
+	// guest times (inside user) left out.
+	if got, want := parseMachineCPU(stat), float64(550571+12+82755+7+3138+276)/100; got != want {
+		t.Errorf("parseMachineCPU = %v, want %v", got, want)
+	}
+	if got := parseMachineCPU("intr 1 2 3\n"); got != -1 {
+		t.Errorf("parseMachineCPU of no cpu line = %v, want -1", got)
+	}
+	if machineCPU() < 0 {
+		t.Skip("no /proc/stat here")
 	}
 }

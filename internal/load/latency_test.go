@@ -82,7 +82,7 @@ func TestLatency(t *testing.T) {
 		{"idemstream", func(in, out, dlq, group string) (*process, string) {
 			config := filepath.Join(t.TempDir(), "idemstream.yaml")
 			prefix := strings.TrimSuffix(group, ".load")
-			writeConfig(t, config, brokers, redisAddr, prefix, in, out, dlq)
+			writeConfig(t, config, brokers, redisAddr, prefix, in, out, dlq, "")
 			metrics := testenv.FreeAddr(t)
 			p := startProcess(t, "idemstream", idemBin, "run", "--config", config, "--metrics-addr", metrics, "--log-format", "text")
 			waitHTTP(t, p, "http://"+metrics+"/readyz", 2*time.Minute)

@@ -40,6 +40,14 @@ import (
 // between about 11 and 24 µs of CPU per record within minutes, and the
 // passthrough's rate with it (57,000 to 91,000 records/s over one day),
 // while idemstream's moves far less.
+//
+// IDEMSTREAM_LOAD_PAYLOAD=avro (make load LOAD_PAYLOAD=avro) adds a real
+// schema registry and a second backlog of the same records in Avro, and
+// after each round's JSON run an idemstream run over it with `payload:
+// avro` and the same rules (J A J A ...); it prints each Avro run's rate
+// and CPU per record beside the JSON run's, their ratio and its median
+// (the goal: at least 0.9), and checks the Avro runs' topics as the JSON
+// runs' are checked.
 func TestThroughput(t *testing.T) {
 	if os.Getenv("IDEMSTREAM_LOAD") == "" {
 		t.Skip("a load run: make load (IDEMSTREAM_LOAD=1)")
@@ -78,12 +86,17 @@ func TestThroughput(t *testing.T) {
 	if floors {
 		runs += 2 * rounds
 	}
+	avro := set.payload == "avro"
+	if avro {
+		runs += rounds
+	}
 	ctx, cancel := runContext(t, time.Duration(runs+2)*bound)
 	defer cancel()
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	input := offsets{client: client, topic: in}
 
-	w := newWorkload(uint64(time.Now().UnixNano()), run)
+	seed := uint64(time.Now().UnixNano())
+	w := newWorkload(seed, run)
 	began := time.Now()
 	if err := produce(ctx, brokers, in, w, n); err != nil {
 		t.Fatal(err)
@@ -99,6 +112,12 @@ func TestThroughput(t *testing.T) {
 	t.Logf("machine: %d CPUs, load average %s", runtime.NumCPU(), loadAverage())
 	t.Logf("backlog: %d records on %d partitions (%d keys, %d of them sent twice), produced in %v",
 		n, partitions, w.keys, w.retries, produced.Round(time.Millisecond))
+	// With LOAD_PAYLOAD=avro the same commands in Avro, and after each
+	// round's JSON run a run over them: J A J A ... in one run.
+	var av *avroBacklog
+	if avro {
+		av = produceAvroBacklog(ctx, t, brokers, client, run, seed, n, rounds)
+	}
 
 	// Passthrough runs that are not counted first: the broker's CPU per
 	// record falls to about a third over the first six or seven runs on a
@@ -140,7 +159,7 @@ func TestThroughput(t *testing.T) {
 	floorSetRedis := make([]float64, rounds)
 	passRuns[0] = runPassthrough(ctx, t, passBin, brokers, passArgs, input, end, bound, broker, passTopic(run, 0), passTopic(run, 0))
 	for r := range rounds {
-		idemRuns[r] = runIdemstream(ctx, t, idemBin, brokers, redisAddr, roundName(run, r), input, end, bound, broker, rdb)
+		idemRuns[r] = runIdemstream(ctx, t, idemBin, brokers, redisAddr, roundName(run, r), input, end, bound, broker, rdb, "")
 		// Every round starts on the store the first had: Redis spent more
 		// per record as its keyspace grew (8.4 µs in the first of five
 		// rounds that kept their keys, 14.8 in the last, with 1.25 million
@@ -150,6 +169,11 @@ func TestThroughput(t *testing.T) {
 		// which made later rounds no match for earlier ones.
 		size := entrySize(ctx, t, rdb, roundName(run, r))
 		dropKeys(ctx, t, rdb, roundName(run, r))
+		if avro {
+			name := avroRoundName(run, r)
+			av.runs[r] = runIdemstream(ctx, t, idemBin, brokers, redisAddr, name, av.input, av.end, bound, broker, rdb, av.registry)
+			dropKeys(ctx, t, rdb, name)
+		}
 		if r == rounds-1 {
 			// After the round's keys are deleted: with them still there
 			// the baseline wrote into a keyspace it took past 2^19, which
@@ -279,6 +303,9 @@ func TestThroughput(t *testing.T) {
 		t.Logf("CPU per record, Streams run: %s", streamsCPU.perRecord(n, -1))
 		t.Logf("ratio idemstream / Kafka Streams: %.2f (goal >= 2), idemstream's median rate", median(idemRates)/streamsRate)
 	}
+	if avro {
+		av.report(t, n, idemRuns, passRuns, step, redisAddr)
+	}
 
 	t.Logf("machine: load average %s", loadAverage())
 
@@ -287,6 +314,9 @@ func TestThroughput(t *testing.T) {
 		name := roundName(run, r)
 		t.Logf("round %d:", r+1)
 		verifyResults(ctx, t, brokers, client, name+".out", name+".dlq", w, sumBy(ir.metrics, "idemstream_records_total", "outcome"))
+	}
+	if avro {
+		av.verify(ctx, t, brokers, client, run)
 	}
 	for r := range passRuns {
 		passEnd, err := offsets{client: client, topic: passTopic(run, r)}.end(ctx)
@@ -345,11 +375,14 @@ type idemRun struct {
 	rssAt         [4]int64      // RSS at each quarter of the backlog
 	cpu           cpus
 	redisCPU      float64 // the Redis server's CPU seconds over the run
+	machineCPU    float64 // the whole machine's busy CPU seconds over the run (-1: not known)
 	redisCommands []commandDelta
 	metrics       []series
 }
 
-func runIdemstream(ctx context.Context, t *testing.T, bin string, brokers []string, redisAddr, name string, input offsets, end map[int]int64, bound time.Duration, broker int, rdb *redis.Client) idemRun {
+// runIdemstream runs `idemstream run` over input until lag 0, on JSON
+// payloads, or on Avro ones through registry when it is not "".
+func runIdemstream(ctx context.Context, t *testing.T, bin string, brokers []string, redisAddr, name string, input offsets, end map[int]int64, bound time.Duration, broker int, rdb *redis.Client, registry string) idemRun {
 	t.Helper()
 	var r idemRun
 	before, err := rdb.Info(ctx, "cpu", "commandstats").Result()
@@ -358,12 +391,13 @@ func runIdemstream(ctx context.Context, t *testing.T, bin string, brokers []stri
 	}
 	metricsAddr := testenv.FreeAddr(t)
 	config := filepath.Join(t.TempDir(), "idemstream.yaml")
-	writeConfig(t, config, brokers, redisAddr, name, input.topic, name+".out", name+".dlq")
-	brokerCPU := cpuSeconds(broker)
+	writeConfig(t, config, brokers, redisAddr, name, input.topic, name+".out", name+".dlq", registry)
+	brokerCPU, machine := cpuSeconds(broker), machineCPU()
 	idem := startProcess(t, "idemstream", bin, "run", "--config", config, "--metrics-addr", metricsAddr, "--log-format", "text")
 	done := waitCaughtUp(ctx, t, idem, input, name+".load", end, bound, &r.rssAt)
 	r.time = done.Sub(idem.started)
 	r.cpu = cpus{consumer: cpuSeconds(idem.cmd.Process.Pid), broker: since(cpuSeconds(broker), brokerCPU)}
+	r.machineCPU = since(machineCPU(), machine)
 	after, err := rdb.Info(ctx, "cpu", "commandstats").Result()
 	if err != nil {
 		t.Fatalf("redis INFO: %v", err)
@@ -555,8 +589,10 @@ func sum(m map[int]int64) int64 {
 // writeConfig writes the run's configuration. The servers of the test
 // suite keep Redis without persistence, which `run` refuses by default:
 // the load runs measure speed (LOAD_REDIS_AOF=1 measures it with
-// appendfsync always), so the check is off.
-func writeConfig(t *testing.T, path string, brokers []string, redisAddr, run, in, out, dlq string) {
+// appendfsync always), so the check is off. With a registry (its
+// Confluent API's URL) the payloads are Avro, read through it, with the
+// reader schema under the input's subject (<input>-value, the default).
+func writeConfig(t *testing.T, path string, brokers []string, redisAddr, run, in, out, dlq, registry string) {
 	t.Helper()
 	yaml := fmt.Sprintf(`kafka: {brokers: [%s], group: %s}
 store: {kind: redis, redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}
@@ -572,6 +608,9 @@ pipelines:
     unordered: [%s]
 `, strings.Join(brokers, ","), run, redisAddr, run, in, out, dlq, keyHeader,
 		strings.Join(volatilePaths, ", "), strings.Join(unorderedPaths, ", "))
+	if registry != "" {
+		yaml += "    payload: avro\nschema_registry: {url: '" + registry + "'}\n"
+	}
 	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,9 @@ type workload struct {
 	retries int
 	seq     int
 	pending retryHeap
+	// avroID, when set, makes the records Avro under that schema id
+	// (avro_test.go) instead of JSON text.
+	avroID uint32
 }
 
 type retry struct {
@@ -91,43 +94,101 @@ func hash32(s string) uint32 {
 
 var skus = []string{"A-1", "B-2", "C-3", "D-4", "E-5", "F-6", "G-7", "H-8"}
 
-// record builds copy c (1 or 2) of key k: about 1 KB of JSON. The retry
-// has other volatile values, its items in reverse order and its members in
-// another order: the same request under the pipeline's rules, other bytes.
-func (w *workload) record(k, c int) kafka.Message {
-	key := w.key(k)
-	retry := c == 2
-	b := make([]byte, 0, 1152)
-	if retry {
-		b = fmt.Appendf(b, `{"trace_id":"%016x%016x","retry_count":1,"client_time":"2026-06-18T10:%02d:%02d.%03dZ",`,
-			w.rng.Uint64(), w.rng.Uint64(), k%60, (k+7)%60, w.rng.IntN(1000))
+const (
+	nItems     = 4
+	notePhrase = "deliver to the front desk, ring twice; "
+)
+
+// command is one record's values: what the JSON text and the Avro
+// encoding (avro_test.go) both write. Amounts are in cents.
+type command struct {
+	retry                         bool // a retry: the JSON puts its volatile members first, in another order
+	clientTime, traceID           string
+	retryCount                    int
+	userID, campaign, currency    string
+	couponID, amount              int
+	items                         [nItems]item // in the record's order
+	shipName, shipStreet, shipZip string
+	note                          string
+}
+
+type item struct {
+	sku        string
+	qty, price int
+	clientTS   int64
+}
+
+const (
+	shipCity    = "Springfield"
+	shipCountry = "DE"
+)
+
+// command builds copy c (1 or 2) of key k. The retry has other volatile
+// values, its items in reverse order and its members in another order:
+// the same request under the pipeline's rules, other bytes.
+func (w *workload) command(k, c int) command {
+	cmd := command{retry: c == 2, retryCount: c - 1}
+	if cmd.retry {
+		// In this order: the rng's draws make the run's records.
+		cmd.traceID = fmt.Sprintf("%016x%016x", w.rng.Uint64(), w.rng.Uint64())
+		cmd.clientTime = fmt.Sprintf("2026-06-18T10:%02d:%02d.%03dZ", k%60, (k+7)%60, w.rng.IntN(1000))
 	} else {
-		b = fmt.Appendf(b, `{"client_time":"2026-06-18T10:%02d:%02d.%03dZ","retry_count":0,"trace_id":"%016x%016x",`,
-			k%60, k%60, k%1000, uint64(k)*0x9e3779b97f4a7c15, uint64(k))
+		cmd.clientTime = fmt.Sprintf("2026-06-18T10:%02d:%02d.%03dZ", k%60, k%60, k%1000)
+		cmd.traceID = fmt.Sprintf("%016x%016x", uint64(k)*0x9e3779b97f4a7c15, uint64(k))
 	}
-	b = fmt.Appendf(b, `"user_id":"u-%d","coupon_id":%d,"campaign":"spring-%d","amount":%d.%02d,"currency":"EUR","items":[`,
-		k%100000, 10000+k%500, k%7, 10+k%90, k%100)
-	const nItems = 4
+	cmd.userID, cmd.couponID, cmd.campaign = fmt.Sprintf("u-%d", k%100000), 10000+k%500, fmt.Sprintf("spring-%d", k%7)
+	cmd.amount, cmd.currency = (10+k%90)*100+k%100, "EUR"
 	for j := range nItems {
 		i := j
-		if retry {
+		if cmd.retry {
 			i = nItems - 1 - j
 		}
+		cmd.items[j] = item{sku: skus[(k+i)%len(skus)], qty: 1 + (k+i)%3, price: (1+(k*i)%50)*100 + (k+i)%100,
+			clientTS: 1718000000000 + int64(k)*10 + int64(i) + int64(c)*1000}
+	}
+	cmd.shipName, cmd.shipStreet, cmd.shipZip = fmt.Sprintf("Customer %d", k), fmt.Sprintf("%d Long Street", 1+k%400), fmt.Sprintf("%05d", k%100000)
+	// The note pads the JSON text to about 1 KB: phrases until the text
+	// before the note's closing quote is 1,000 bytes or more.
+	for head := len(cmd.appendJSON(nil)) - len(`"}`); head < 1000; head += len(notePhrase) {
+		cmd.note += notePhrase
+	}
+	return cmd
+}
+
+// appendJSON appends the command as JSON text: about 1 KB.
+func (cmd *command) appendJSON(b []byte) []byte {
+	if cmd.retry {
+		b = fmt.Appendf(b, `{"trace_id":"%s","retry_count":%d,"client_time":"%s",`, cmd.traceID, cmd.retryCount, cmd.clientTime)
+	} else {
+		b = fmt.Appendf(b, `{"client_time":"%s","retry_count":%d,"trace_id":"%s",`, cmd.clientTime, cmd.retryCount, cmd.traceID)
+	}
+	b = fmt.Appendf(b, `"user_id":"%s","coupon_id":%d,"campaign":"%s","amount":%d.%02d,"currency":"%s","items":[`,
+		cmd.userID, cmd.couponID, cmd.campaign, cmd.amount/100, cmd.amount%100, cmd.currency)
+	for j, it := range cmd.items {
 		if j > 0 {
 			b = append(b, ',')
 		}
-		b = fmt.Appendf(b, `{"sku":"%s","qty":%d,"price":%d.%02d,"client_ts":%d}`,
-			skus[(k+i)%len(skus)], 1+(k+i)%3, 1+(k*i)%50, (k+i)%100, 1718000000000+int64(k)*10+int64(i)+int64(c)*1000)
+		b = fmt.Appendf(b, `{"sku":"%s","qty":%d,"price":%d.%02d,"client_ts":%d}`, it.sku, it.qty, it.price/100, it.price%100, it.clientTS)
 	}
-	b = fmt.Appendf(b, `],"shipping":{"name":"Customer %d","street":"%d Long Street","city":"Springfield","zip":"%05d","country":"DE"},"note":"`,
-		k, 1+k%400, k%100000)
-	for len(b) < 1000 {
-		b = append(b, "deliver to the front desk, ring twice; "...)
+	b = fmt.Appendf(b, `],"shipping":{"name":"%s","street":"%s","city":"%s","zip":"%s","country":"%s"},"note":"%s"}`,
+		cmd.shipName, cmd.shipStreet, shipCity, cmd.shipZip, shipCountry, cmd.note)
+	return b
+}
+
+// record builds copy c (1 or 2) of key k as the workload's payload: JSON
+// text, or Avro in the registry's wire format when avroID is set.
+func (w *workload) record(k, c int) kafka.Message {
+	key := w.key(k)
+	cmd := w.command(k, c)
+	var value []byte
+	if w.avroID != 0 {
+		value = cmd.appendAvro(make([]byte, 0, 512), w.avroID)
+	} else {
+		value = cmd.appendJSON(make([]byte, 0, 1152))
 	}
-	b = append(b, `"}`...)
 	return kafka.Message{
 		Key:   []byte(key),
-		Value: b,
+		Value: value,
 		Headers: []kafka.Header{
 			{Key: keyHeader, Value: []byte(key)},
 			{Key: copyHeader, Value: []byte(strconv.Itoa(c))},
