@@ -22,6 +22,7 @@ fuzz:
 	go test ./decode -run '^$$' -fuzz '^FuzzAvroDecode$$' -fuzztime $(FUZZTIME)
 	go test ./decode -run '^$$' -fuzz '^FuzzAvroSchema$$' -fuzztime $(FUZZTIME)
 	go test ./decode -run '^$$' -fuzz '^FuzzProtoDecode$$' -fuzztime $(FUZZTIME)
+	go test ./decode -run '^$$' -fuzz '^FuzzAvroCanonicalSame$$' -fuzztime $(FUZZTIME)
 
 # Canonicalization against gowebpki/jcs, and one claim fingerprinted as
 # Avro and as JSON, in one run; compare runs with benchstat.

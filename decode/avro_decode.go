@@ -47,6 +47,17 @@ func appendAvroJSON(dst []byte, prog *avroProg, data []byte) ([]byte, error) {
 func outputLimit(n int) int { return 64*n + 1<<16 }
 
 func (r *avroReader) long() (int64, error) {
+	// Most numbers of a record are counts, lengths and small values of a
+	// byte; this much inlines into the callers.
+	if pos := r.pos; uint(pos) < uint(len(r.data)) && r.data[pos] < 0x80 {
+		c := r.data[pos]
+		r.pos = pos + 1
+		return int64(c>>1) ^ -int64(c&1), nil
+	}
+	return r.longSlow()
+}
+
+func (r *avroReader) longSlow() (int64, error) {
 	var u uint64
 	for shift := uint(0); shift < 64; shift += 7 {
 		if r.pos >= len(r.data) {
@@ -89,6 +100,18 @@ func (r *avroReader) next(n int) ([]byte, error) {
 }
 
 func (r *avroReader) bytes() ([]byte, error) {
+	// Strings and bytes shorter than 64 have a length of one byte.
+	if pos := r.pos; uint(pos) < uint(len(r.data)) && r.data[pos] < 0x80 {
+		c := r.data[pos]
+		if n := int(c >> 1); c&1 == 0 && n < len(r.data)-pos {
+			r.pos = pos + 1 + n
+			return r.data[pos+1 : pos+1+n], nil
+		}
+	}
+	return r.bytesSlow()
+}
+
+func (r *avroReader) bytesSlow() ([]byte, error) {
 	n, err := r.long()
 	if err != nil {
 		return nil, err

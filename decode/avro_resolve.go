@@ -59,12 +59,21 @@ type avroProg struct {
 	cases   []*avroProg // writer union branches
 	open    []byte      // opReaderUnion: `{"tag":` (nil for a bare value)
 	err     string      // opFail: why
+	// For writing the canonical form directly (avro_canonical.go): a
+	// record's members in canonical order, its defaults canonical; a
+	// tagged branch's tag and opening in canonical form.
+	canon     []canonEntry
+	canonDefs []canonDefault
+	noCanon   bool // the record names a member twice: only AppendJSON's text says how that fails
+	tag       []byte
+	canonOpen []byte
 }
 
 // progField is a writer field: read and written under name (`"name":`), or
 // skipped when the reader has no such field.
 type progField struct {
 	name []byte
+	raw  []byte // the name alone, for the path rules
 	prog *avroProg
 	skip *avroSchema
 }
@@ -119,7 +128,13 @@ func (rs *resolver) resolve(w, r *avroSchema, path string) (*avroProg, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &avroProg{op: opReaderUnion, elem: inner, open: unionOpen(r, i)}, nil
+		p := &avroProg{op: opReaderUnion, elem: inner, open: unionOpen(r, i)}
+		if p.open != nil {
+			p.tag = []byte(r.branches[i].tag())
+			p.canonOpen, _, _ = appendCanonicalString([]byte{'{'}, p.tag)
+			p.canonOpen = append(p.canonOpen, ':')
+		}
+		return p, nil
 	}
 	return rs.resolveSame(w, r, path)
 }
@@ -299,7 +314,7 @@ func (rs *resolver) record(p *avroProg, w, r *avroSchema, path string) error {
 		p.defaults = append(p.defaults, append(memberName(rf.name), v...))
 		p.defDepth = max(p.defDepth, jsonDepth(v))
 	}
-	return nil
+	return p.planCanonical()
 }
 
 // jsonDepth is the deepest nesting of objects and arrays in the JSON text
@@ -323,7 +338,11 @@ func jsonDepth(v []byte) int {
 	return deepest
 }
 
-func memberName(n string) []byte { return append(append([]byte{'"'}, n...), '"', ':') }
+// memberName is `"n":`, with room for appendShort to copy it as words.
+func memberName(n string) []byte {
+	b := append(make([]byte, 0, len(n)+3+16), '"')
+	return append(append(b, n...), '"', ':')
+}
 
 func enumProg(w, r *avroSchema, path string) (*avroProg, error) {
 	if !namesMatch(w, r) {

@@ -283,6 +283,37 @@ func (d *Decoder) AppendJSON(dst, value []byte) ([]byte, error) {
 	return st.decodeWith(dst, w, value[5:], true)
 }
 
+// AppendCanonical appends the canonical form of an Avro value under the
+// rules, written in the one walk over its bytes (see avro_canonical.go);
+// it implements dedupe.CanonicalAppender. It declines (ok false) any
+// payload it cannot write that way, for the canonicalizer to decode with
+// AppendJSON: Protobuf and JSON Schema payloads, writer schemas not yet
+// compiled or that failed, and every record that does not decode.
+func (d *Decoder) AppendCanonical(dst, value []byte, rules *dedupe.PathRules) ([]byte, bool) {
+	if d.opts.Format != dedupe.PayloadAvro {
+		return dst, false
+	}
+	st := d.state.Load()
+	w, body := d.local, value
+	if w == nil {
+		if len(value) < 5 || value[0] != 0 {
+			return dst, false
+		}
+		st.mu.RLock()
+		w = st.writers[int(binary.BigEndian.Uint32(value[1:5]))]
+		st.mu.RUnlock()
+		body = value[5:]
+	}
+	if w == nil || w.err != nil || w.avro == nil {
+		return dst, false
+	}
+	out, ok := appendAvroCanonical(dst, w.avro, body, rules)
+	if !ok {
+		return dst, false
+	}
+	return out, true
+}
+
 func (st *readerState) decodeWith(dst []byte, w *writer, body []byte, framed bool) ([]byte, error) {
 	if w.err != nil {
 		return dst, fail(w, w.err)

@@ -67,11 +67,15 @@ type CanonicalRules struct {
 // under one set of rules. It is immutable after construction and safe for
 // concurrent use.
 type Canonicalizer struct {
-	rules  CanonicalRules
-	raw    bool
-	dec    Decoder       // nil for json and raw payloads
-	match  *canonMatcher // nil when no path rule is configured
-	digest string
+	rules CanonicalRules
+	raw   bool
+	dec   Decoder // nil for json and raw payloads
+	// appender is dec when it writes canonical forms itself, with paths
+	// (nil without path rules) for it to apply.
+	appender CanonicalAppender
+	paths    *PathRules
+	match    *canonMatcher // nil when no path rule is configured
+	digest   string
 	// byReader caches the rules digest of the decoder's current reader
 	// schema, which may change while the canonicalizer is in use.
 	byReader atomic.Pointer[readerDigest]
@@ -125,7 +129,9 @@ func NewCanonicalizer(r CanonicalRules) (*Canonicalizer, error) {
 	}
 	if len(vol)+len(unord) > 0 {
 		c.match = compileMatcher(newPathMatcher(vol, unord))
+		c.paths = &PathRules{m: c.match}
 	}
+	c.appender, _ = c.dec.(CanonicalAppender)
 	schema := ""
 	if c.dec != nil {
 		schema = c.dec.Digest()
@@ -228,6 +234,11 @@ func (c *Canonicalizer) AppendCanonical(dst, payload []byte) ([]byte, error) {
 		return append(dst, payload...), nil
 	}
 	s := getScratch()
+	if out, _, ok := c.direct(s, payload); ok {
+		dst = append(dst, out...)
+		putScratch(s)
+		return dst, nil
+	}
 	payload, err := c.decode(s, payload)
 	if err == nil {
 		var out []byte
@@ -270,6 +281,9 @@ func (c *Canonicalizer) Fingerprint(payload []byte) (string, error) {
 	}
 	s := getScratch()
 	defer putScratch(s)
+	if out, _, ok := c.direct(s, payload); ok {
+		return formatSHA256(sha256.Sum256(out)), nil
+	}
 	payload, err := c.decode(s, payload)
 	if err != nil {
 		return "", err

@@ -2,6 +2,7 @@ package dedupe
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"strings"
@@ -119,6 +120,15 @@ func (d *Decider) Prepare(rec *Record) Prepared {
 	// fingerprint and the JSON Schema all read its JSON text.
 	s := getScratch()
 	defer putScratch(s)
+	if p.Key.From != KeyFromField && p.Schema == nil {
+		// Nothing but the fingerprint reads the decoded payload: a decoder
+		// that writes the canonical form itself can skip the JSON text.
+		if canon, digest, ok := d.canon.direct(s, rec.Value); ok {
+			out := Prepared{RulesDigest: digest, Fingerprint: formatSHA256(sha256.Sum256(canon))}
+			out.Key, out.Err = d.extractKey(rec, nil, nil)
+			return out
+		}
+	}
 	body, digest, fpErr := d.canon.decodeWithDigest(s, rec.Value)
 	if fpErr != nil && Classify(fpErr) != Poison {
 		// Not the record's fault (a registry that does not answer, or
