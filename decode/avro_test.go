@@ -122,8 +122,16 @@ func canonical(t *testing.T, js []byte) []byte {
 
 func checkGolden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join("testdata", "avro", name+".golden")
-	if *updateAvroGolden {
+	goldenIn(t, "avro", name, got, *updateAvroGolden, "-update-avro")
+}
+
+// goldenIn compares got with testdata/DIR/NAME.golden, or writes it there
+// with update: a canonical form that changes changes the fingerprint of
+// every stored key.
+func goldenIn(t *testing.T, dir, name string, got []byte, update bool, flagName string) {
+	t.Helper()
+	path := filepath.Join("testdata", dir, name+".golden")
+	if update {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -133,10 +141,10 @@ func checkGolden(t *testing.T, name string, got []byte) {
 	}
 	want, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (run with -update-avro to create it)", err)
+		t.Fatalf("%v (run with %s to create it)", err, flagName)
 	}
 	if strings.TrimSuffix(string(want), "\n") != string(got) {
-		t.Fatalf("canonical form changed: a fingerprint of every stored key would change\ngot  %s\nwant %s", got, want)
+		t.Fatalf("canonical form changed: the fingerprint of every stored key would change\ngot  %s\nwant %s", got, want)
 	}
 }
 

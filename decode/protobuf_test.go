@@ -8,8 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -705,22 +703,7 @@ message E {
 
 func pbCheckGolden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join("testdata", "protobuf", name+".golden")
-	if *updateProtoGolden {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update-proto to create it)", err)
-	}
-	if strings.TrimSuffix(string(want), "\n") != string(got) {
-		t.Fatalf("canonical form changed: the fingerprint of every stored key would change\ngot  %s\nwant %s", got, want)
-	}
+	goldenIn(t, "protobuf", name, got, *updateProtoGolden, "-update-proto")
 }
 
 // TestProtoGolden pins the canonical form of a few claims: a change here
