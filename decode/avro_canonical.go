@@ -597,6 +597,13 @@ func appendShort(dst, src []byte, a, b int) []byte {
 // \b, \f, \n, \r and \t where AppendJSON writes \u00XX. extra is how much
 // longer AppendJSON's text of s is.
 func appendCanonicalString(dst []byte, s []byte) (out []byte, extra int, err error) {
+	return appendQuoted(dst, s, true)
+}
+
+// appendQuoted is the one string writer of both: with short, the control
+// characters JSON can write in two characters are, and extra counts the
+// bytes the \u00XX spelling would have taken more.
+func appendQuoted(dst []byte, s []byte, short bool) (out []byte, extra int, err error) {
 	if plainString(s) {
 		dst = append(dst, '"')
 		dst = append(dst, s...)
@@ -605,6 +612,8 @@ func appendCanonicalString(dst []byte, s []byte) (out []byte, extra int, err err
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
+		// Most strings are printable ASCII without quotes: eight bytes a
+		// step until one is not.
 		for i+8 <= len(s) && !needsAttention(binary.LittleEndian.Uint64(s[i:])) {
 			i += 8
 		}
@@ -625,10 +634,10 @@ func appendCanonicalString(dst []byte, s []byte) (out []byte, extra int, err err
 			continue
 		}
 		dst = append(dst, s[start:i]...)
-		switch c {
-		case '"', '\\':
+		switch {
+		case c == '"' || c == '\\':
 			dst = append(dst, '\\', c)
-		case '\b', '\f', '\n', '\r', '\t':
+		case short && shortEscapes[c] != 0:
 			dst = append(dst, '\\', shortEscapes[c])
 			extra += 4
 		default:

@@ -2,14 +2,12 @@ package decode
 
 import (
 	"encoding/base64"
-	"encoding/binary"
 	"fmt"
 	"math"
 	"math/big"
 	"math/bits"
 	"slices"
 	"strconv"
-	"unicode/utf8"
 
 	"github.com/idemstream/idemstream/dedupe"
 )
@@ -93,44 +91,12 @@ func appendBase64(dst []byte, b []byte) []byte {
 const hexDigits = "0123456789abcdef"
 
 // appendJSONString quotes s, which must be UTF-8: Avro and Protobuf
-// strings are, and one that is not is a malformed record.
+// strings are, and one that is not is a malformed record. Control
+// characters are written \u00XX (the canonical writer's short escapes are
+// appendCanonicalString's).
 func appendJSONString(dst []byte, s []byte) ([]byte, error) {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		// Most strings are printable ASCII without quotes: eight bytes a
-		// step until one is not.
-		for i+8 <= len(s) && !needsAttention(binary.LittleEndian.Uint64(s[i:])) {
-			i += 8
-		}
-		if i == len(s) {
-			break
-		}
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
-			i++
-			continue
-		}
-		if c >= utf8.RuneSelf {
-			r, n := utf8.DecodeRune(s[i:])
-			if r == utf8.RuneError && n == 1 {
-				return dst, fmt.Errorf("%w: string is not valid UTF-8 at byte %d", dedupe.ErrMalformedPayload, i)
-			}
-			i += n
-			continue
-		}
-		dst = append(dst, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			dst = append(dst, '\\', c)
-		default:
-			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-		}
-		i++
-		start = i
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"'), nil
+	out, _, err := appendQuoted(dst, s, false)
+	return out, err
 }
 
 // needsAttention says whether any of the eight bytes in x is a control

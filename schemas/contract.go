@@ -237,16 +237,7 @@ func ContractAsyncAPI(cfg *Config) ([]byte, error) {
 			command["headers"] = m{"type": "object", "required": []string{p.Key.Name}, "properties": m{p.Key.Name: keyHeader}}
 		}
 		if p.ReadsSchema() {
-			// The schema itself stays in the registry: the contract names
-			// where it is and how records are read against it.
-			ref := m{"wireFormat": "confluent", "subject": p.ReaderSubject(), "version": "latest", "rule": p.SchemaRule}
-			if v := p.ReaderVersion(); v > 0 {
-				ref["version"] = v
-			}
-			if p.SchemaFile != "" {
-				ref = m{"wireFormat": "plain", "file": p.SchemaFile, "rule": p.SchemaRule}
-			}
-			command["x-idempotency"].(m)["readerSchema"] = ref
+			command["x-idempotency"].(m)["readerSchema"] = readerSchemaRef(p)
 		}
 		result := m{
 			"name": n + ".result", "title": "Result of " + n,
@@ -333,4 +324,18 @@ func contentType(payload string) string {
 		return "application/x-protobuf"
 	}
 	return "application/json"
+}
+
+// readerSchemaRef is the AsyncAPI reference to a pipeline's reader
+// schema. The schema itself stays in the registry: the contract names
+// where it is and how records are read against it.
+func readerSchemaRef(p contractPipeline) map[string]any {
+	if p.SchemaFile != "" {
+		return map[string]any{"wireFormat": "plain", "file": p.SchemaFile, "rule": p.SchemaRule}
+	}
+	ref := map[string]any{"wireFormat": "confluent", "subject": p.ReaderSubject(), "version": "latest", "rule": p.SchemaRule}
+	if v := p.ReaderVersion(); v > 0 {
+		ref["version"] = v
+	}
+	return ref
 }

@@ -1,12 +1,15 @@
 package demo
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 
 	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
+
+	"github.com/idemstream/idemstream/schemas"
 )
 
 // claimSchema is the campaign's claim as a Java shop's producer would
@@ -81,6 +84,35 @@ func (a *avroCampaign) claimBytes(c claim) []byte {
 // appended to the demo's pipelines.
 func (a *avroCampaign) config() string {
 	return "    payload: avro\nschema_registry: {url: '" + a.registry.URL() + "'}\n"
+}
+
+// campaignPayload writes the campaign as opts.Payload says: the
+// pipelines' configuration, and for avro the registry (closed by the
+// caller) with the commands rewritten in Avro.
+func campaignPayload(opts *Options, gen *Generated) (string, *avroCampaign, error) {
+	switch opts.Payload {
+	case "", "json":
+		opts.Payload = "json"
+		return pipelinesYAML, nil, nil
+	case "avro":
+		avro, err := startAvro(commandTopic)
+		if err != nil {
+			return "", nil, err
+		}
+		gen.Originals, gen.Later = avro.encode(gen.Originals), avro.encode(gen.Later)
+		return pipelinesYAML + avro.config(), avro, nil
+	}
+	return "", nil, fmt.Errorf("payload %q: want json or avro", opts.Payload)
+}
+
+// reader is the desk's way back from Avro to the JSON claims it reads:
+// the idemstream pipeline's own decoder.
+func (a *avroCampaign) reader(ctx context.Context, cfg *schemas.Config) (func([]byte) ([]byte, error), error) {
+	dec, err := cfg.Decoder(ctx, cfg.Pipelines[1])
+	if err != nil {
+		return nil, err
+	}
+	return readAs(dec), nil
 }
 
 // reader turns the desk's Avro commands back into the JSON claims it

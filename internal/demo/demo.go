@@ -189,23 +189,13 @@ func Run(ctx context.Context, opts Options) (*Figures, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	gen := Generate(w)
-	yaml := pipelinesYAML
-	var avro *avroCampaign
-	switch opts.Payload {
-	case "", "json":
-		opts.Payload = "json"
-	case "avro":
-		var err error
-		if avro, err = startAvro(commandTopic); err != nil {
-			return nil, err
-		}
-		defer avro.close()
-		yaml += avro.config()
-		gen.Originals, gen.Later = avro.encode(gen.Originals), avro.encode(gen.Later)
-	default:
-		return nil, fmt.Errorf("payload %q: want json or avro", opts.Payload)
+	yaml, avro, err := campaignPayload(&opts, &gen)
+	if err != nil {
+		return nil, err
 	}
-
+	if avro != nil {
+		defer avro.close()
+	}
 	cfg, err := schemas.Parse([]byte(yaml), "")
 	if err != nil {
 		return nil, err
@@ -245,11 +235,9 @@ func Run(ctx context.Context, opts Options) (*Figures, error) {
 		}
 		desks[pc.Name] = &desk{stock: w.Stock, issued: map[string]int{}}
 		if avro != nil {
-			dec, err := cfg.Decoder(ctx, cfg.Pipelines[1])
-			if err != nil {
+			if desks[pc.Name].read, err = avro.reader(ctx, cfg); err != nil {
 				return nil, err
 			}
-			desks[pc.Name].read = readAs(dec)
 		}
 		for range opts.Members {
 			p, err := consumer.New(consumer.Config{
