@@ -99,25 +99,31 @@ func TestMissingTopicIsNamed(t *testing.T) {
 // Partitions added to a topic are seen once the cached count is old.
 func TestPartitionCountIsReadAgain(t *testing.T) {
 	client, k := newBroker(t, 2, "out")
-	client.Transport = &kafka.Transport{MetadataTTL: time.Millisecond}
+	// kafka-go's transport caches metadata too, for MetadataTTL, and gives
+	// its own metadata request the TTL as its deadline: a TTL shorter than
+	// a loaded machine's round trip would fail the request, not the cache.
+	client.Transport = &kafka.Transport{MetadataTTL: 500 * time.Millisecond}
 	k.PartitionsTTL = 0
-	if n, err := k.Partitions(context.Background(), "out"); err != nil || n != 2 {
-		t.Fatalf("partitions = %d, %v; want 2", n, err)
-	}
+	waitPartitions(t, k, "out", 2)
 	res, err := client.CreatePartitions(context.Background(), &kafka.CreatePartitionsRequest{
 		Topics: []kafka.TopicPartitionsConfig{{Name: "out", Count: 4}}})
 	if err != nil || res.Errors["out"] != nil {
 		t.Fatalf("create partitions: %v %v", err, res)
 	}
-	// kafka-go's transport caches metadata too, for MetadataTTL: poll.
-	deadline := time.Now().Add(10 * time.Second)
+	waitPartitions(t, k, "out", 4)
+}
+
+// waitPartitions polls until the sink counts want partitions of topic.
+func waitPartitions(t *testing.T, k *sinks.Kafka, topic string, want int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
 	for {
-		n, err := k.Partitions(context.Background(), "out")
-		if err == nil && n == 4 {
-			break
+		n, err := k.Partitions(context.Background(), topic)
+		if err == nil && n == want {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("partitions after adding two = %d, %v; want 4", n, err)
+			t.Fatalf("partitions of %s = %d, %v; want %d", topic, n, err, want)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
