@@ -1,5 +1,6 @@
-// Package consumer is the group runtime of idemstream: one kafka-go
-// consumer group member per pipeline ([Pipeline.Run]), partitions processed
+// Package consumer is the group runtime of idemstream: one consumer group
+// member per pipeline ([Pipeline.Run]; package group, static membership
+// and cooperative rebalancing on kafka-go's Client), partitions processed
 // in parallel and each in order, records fetched in batches, decided by the
 // dedupe package, handed to the [Handler] once per key per window, written
 // by the sinks package, and committed only once every outcome below the
@@ -142,9 +143,13 @@
 //	outage longer than the window   PENDING (kept past its    owner completes; others resume and
 //	                                window)                   scan, never decide it new
 //
-// A revoked member stops fetching at once and gives the batch in hand
+// A revoked partition stops fetching at once and gives the batch in hand
 // DrainTimeout (half the session timeout, below the rebalance timeout) to
-// finish and commit; kafka-go does not rejoin before it returns. What does
+// finish and commit; the member gives the partition up (under the eager
+// range protocol: joins again; under cooperative-sticky: joins the second
+// round) only once it returns. A lost partition (the group went on
+// without this member, or another process took its instance id) stops at
+// once and commits nothing. What does
 // not finish is abandoned by stage (results.abandon): keys whose result was
 // acknowledged or found are completed and kept for at least
 // dedupe.PendingRetention (their records will be read again, maybe only

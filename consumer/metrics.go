@@ -18,8 +18,16 @@ type Metrics struct {
 	storeSeconds    *prometheus.HistogramVec
 	storeErrors     *prometheus.CounterVec
 	rebalances      *prometheus.CounterVec
-	inflight        *prometheus.GaugeVec
-	buildInfo       *prometheus.GaugeVec
+	// The group: the generation this member is in, the partitions it owns,
+	// partitions moved to it (assigned), from it in order (revoked) or
+	// taken from it (lost), and how long each join took (the time its
+	// partitions could not move).
+	generation         *prometheus.GaugeVec
+	assignedPartitions *prometheus.GaugeVec
+	partitionsMoved    *prometheus.CounterVec
+	rebalanceSeconds   *prometheus.HistogramVec
+	inflight           *prometheus.GaugeVec
+	buildInfo          *prometheus.GaugeVec
 	// repliesSkipped counts replays that got no reply record, by reason:
 	// pending (the key has no result yet), failed (its first copy failed),
 	// unreadable (the stored result is gone from the output topic),
@@ -80,6 +88,14 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 			Help: "Store calls whose writes fewer than store.redis.min_replicas replicas acknowledged in time (also counted as store errors)."}, []string{"op"}),
 		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "rebalances_total",
 			Help: "Consumer group generations joined."}, []string{"pipeline"}),
+		generation: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "group_generation",
+			Help: "The consumer group generation this member is in."}, []string{"pipeline"}),
+		assignedPartitions: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "assigned_partitions",
+			Help: "Input partitions this member owns."}, []string{"pipeline"}),
+		partitionsMoved: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "partitions_moved_total",
+			Help: "Input partitions assigned to this member, revoked from it in order, or lost (the group gave up on it)."}, []string{"pipeline", "change"}),
+		rebalanceSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "rebalance_duration_seconds",
+			Help: "From the start of a join to its assignment, per generation joined.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}, []string{"pipeline"}),
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight_records",
 			Help: "Records fetched and not yet committed."}, []string{"pipeline"}),
 		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "build_info",
@@ -100,7 +116,7 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 	m.storeForgot = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "store_forgot",
 		Help: "1 while the store is known to have lost decisions it had made: nothing is decided until `idemstream store accept-loss` or the longest window has passed."}, m.forgot)
 	for _, c := range []prometheus.Collector{m.records, m.dlqRecords, m.lenientMismatch, m.lag, m.decisionSeconds,
-		m.storeSeconds, m.storeErrors, m.storeReplicaAckFailures, m.rebalances, m.inflight, m.buildInfo, m.repliesSkipped, m.scanFloorTruncated, m.batchesAbandoned,
+		m.storeSeconds, m.storeErrors, m.storeReplicaAckFailures, m.rebalances, m.generation, m.assignedPartitions, m.partitionsMoved, m.rebalanceSeconds, m.inflight, m.buildInfo, m.repliesSkipped, m.scanFloorTruncated, m.batchesAbandoned,
 		m.commitErrors, m.recordsTrimmed, m.storeSettingsOK, m.storeForgot} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -121,6 +137,10 @@ func (m *Metrics) initPipeline(name string, reasons []string) {
 	}
 	m.lenientMismatch.WithLabelValues(name)
 	m.rebalances.WithLabelValues(name)
+	m.assignedPartitions.WithLabelValues(name)
+	for _, c := range []string{"assigned", "revoked", "lost"} {
+		m.partitionsMoved.WithLabelValues(name, c)
+	}
 	m.inflight.WithLabelValues(name)
 	for _, r := range []string{"pending", "failed", "unreadable", "too_large"} {
 		m.repliesSkipped.WithLabelValues(name, r)

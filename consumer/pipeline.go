@@ -15,6 +15,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemstream/idemstream/consumer/group"
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/sinks"
 )
@@ -32,7 +33,7 @@ type Broker interface {
 }
 
 // committer commits the next offset to read of a partition of the input.
-// *kafka.Generation implements it (CommitOffsets).
+// memberCommitter implements it, through the group member.
 type committer interface {
 	CommitOffsets(offsets map[string]map[int]int64) error
 }
@@ -84,6 +85,11 @@ type Config struct {
 	WriteTimeout time.Duration
 	// SessionTimeout of the group membership (default 10s).
 	SessionTimeout time.Duration
+	// InstanceID makes the member static (kafka.instance_id): a restart
+	// under the same id takes its partitions back without a rebalance.
+	// Assignor is group.CooperativeSticky (the default) or group.Range.
+	InstanceID string
+	Assignor   string
 	// Identity names what makes this pipeline's decisions this pipeline's:
 	// its input, output, group, store namespace and key rule. Every result
 	// carries it (idemstream-pipeline), and Run refuses to start when the
@@ -136,12 +142,12 @@ const DefaultBatchSize = 1000
 // gives up on the member.
 const DefaultDrainTimeout = 5 * time.Second
 
-// commitTimeout and groupLeaveTimeout are what kafka-go gives one offset
-// commit (its socket deadline) and leaving the group (a FindCoordinator
-// and a LeaveGroup request, 5 s each), when the brokers answer.
+// commitTimeout and groupLeaveTimeout bound one offset commit (tried again
+// by the partition while it is owned) and leaving the group
+// (group.LeaveTimeout: a FindCoordinator and a LeaveGroup request).
 const (
 	commitTimeout     = 5 * time.Second
-	groupLeaveTimeout = 10 * time.Second
+	groupLeaveTimeout = group.LeaveTimeout
 )
 
 // errLeaseTooShort is a lease a successor could outwait before a write of
@@ -290,67 +296,46 @@ func (p *Pipeline) Run(parent context.Context) error {
 	if err := p.checkIdentity(ctx); err != nil {
 		return fmt.Errorf("pipeline %s: %w", p.cfg.Name, err)
 	}
-	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                    p.cfg.Group,
-		Brokers:               p.cfg.Brokers,
-		Dialer:                p.cfg.Dialer,
-		Topics:                []string{p.cfg.Input},
-		StartOffset:           p.startOffset(),
-		HeartbeatInterval:     p.cfg.SessionTimeout / 5,
-		SessionTimeout:        p.cfg.SessionTimeout,
-		RebalanceTimeout:      p.cfg.SessionTimeout,
-		JoinGroupBackoff:      500 * time.Millisecond,
-		WatchPartitionChanges: true,
-		ErrorLogger:           kafka.LoggerFunc(func(f string, a ...any) { p.log.Debug("kafka-go: " + fmt.Sprintf(f, a...)) }),
-	})
+	client, transport := p.groupClient()
+	defer transport.CloseIdleConnections()
+	// The partitions' drains outlive ctx: a SIGTERM, or a pipeline that
+	// stops on an error, drains them as a revocation does.
+	hard, abandon := context.WithCancel(context.WithoutCancel(ctx))
+	defer abandon()
+	parts := newAssignment(p, hard)
+	member, err := group.New(group.Config{
+		Group: p.cfg.Group, Topic: p.cfg.Input, Client: client,
+		InstanceID: p.cfg.InstanceID, Assignor: p.cfg.Assignor,
+		SessionTimeout: p.cfg.SessionTimeout, RebalanceTimeout: p.rebalanceTimeout(),
+		HeartbeatInterval: p.cfg.SessionTimeout / 5,
+		Joined:            p.joinedGeneration,
+		Logger:            p.log,
+	}, parts)
 	if err != nil {
 		return fmt.Errorf("pipeline %s: consumer group: %w", p.cfg.Name, err)
 	}
-	defer cg.Close()
-	rejoin := backoff{min: time.Second, max: 30 * time.Second}
-	for attempt := 1; ; attempt++ {
-		gen, err := cg.Next(ctx)
-		if ctx.Err() != nil {
-			p.joined.Store(false)
-			// Close waits for every partition to drain before leaving.
-			cg.Close()
-			if cause := context.Cause(ctx); parent.Err() == nil && cause != nil {
-				return fmt.Errorf("pipeline %s stopped: %w", p.cfg.Name, cause)
-			}
-			return nil
-		}
-		if err != nil {
-			p.joined.Store(false)
-			wait := rejoin.next()
-			if attempt&(attempt-1) == 0 || attempt%30 == 0 { // 1, 2, 4, 8, ... and every 30th
-				p.log.Warn("joining the group failed; retrying", "group", p.cfg.Group, "after", wait, "err", err)
-			}
-			if err := sleep(ctx, wait); err != nil {
-				return nil
-			}
-			continue
-		}
-		rejoin.reset()
-		attempt = 0
-		p.generation.Store(gen.ID)
-		p.joined.Store(true)
-		assigned := gen.Assignments[p.cfg.Input]
-		parts := make([]int, len(assigned))
-		for i, a := range assigned {
-			parts[i] = a.ID
-		}
-		p.log.Info("rebalance: generation joined", "group", p.cfg.Group, "generation", gen.ID, "partitions", parts)
-		if m := p.cfg.Metrics; m != nil {
-			m.rebalances.WithLabelValues(p.cfg.Name).Inc()
-			m.lag.DeletePartialMatch(map[string]string{"pipeline": p.cfg.Name})
-		}
-		commits := newSharedCommitter(gen)
-		for _, a := range assigned {
-			gen.Start(func(gctx context.Context) {
-				p.runPartition(gctx, commits, gen.ID, a.ID, a.Offset)
-			})
-		}
+	parts.commits = newSharedCommitter(memberCommitter{m: member, topic: p.cfg.Input, timeout: commitTimeout})
+	err = member.Run(ctx)
+	p.joined.Store(false)
+	// Run revoked everything it owned on the way out; what a fenced member
+	// still runs is lost.
+	parts.stopAll(true)
+	if err != nil {
+		return fmt.Errorf("pipeline %s: %w", p.cfg.Name, err)
 	}
+	if cause := context.Cause(ctx); parent.Err() == nil && cause != nil {
+		return fmt.Errorf("pipeline %s stopped: %w", p.cfg.Name, cause)
+	}
+	return nil
+}
+
+// rebalanceTimeout is how long the group waits for this member to join
+// again once a rebalance began: it may be revoking partitions then (under
+// range, all of them), which takes up to the drain, the abandon of what is
+// left and the last commit, and it learns of the rebalance from a
+// heartbeat, which the session bounds.
+func (p *Pipeline) rebalanceTimeout() time.Duration {
+	return p.cfg.DrainTimeout + 2*abandonTimeout + commitTimeout + p.cfg.SessionTimeout
 }
 
 func (p *Pipeline) startOffset() int64 {
@@ -525,8 +510,8 @@ func (p *Pipeline) otherIdentity(ctx context.Context) (string, error) {
 // drainContext returns a context for the work of a partition that ends
 // drain after gen ends, or when the returned cancel is called: revocation
 // stops fetching at once, and lets the batch in hand finish for a while.
-func drainContext(gen context.Context, drain time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(gen))
+func drainContext(gen, hard context.Context, drain time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(hard)
 	var mu sync.Mutex
 	var timer *time.Timer
 	stopAfter := context.AfterFunc(gen, func() {
@@ -624,14 +609,14 @@ func (f *prefetcher) wait() {
 // runPartition processes one assigned partition until its generation ends.
 // Once it ends, no new batch starts; the one in hand has DrainTimeout to
 // finish and commit.
-func (p *Pipeline) runPartition(gen context.Context, commit committer, genID int32, partition int, offset int64) {
+func (p *Pipeline) runPartition(gen, hard context.Context, commit committer, genID int32, partition int, offset int64) {
 	// A member that rejoins after a connection blip can get the same
 	// generation ID: the run number keeps its new run from passing for the
 	// old one, which may have a write of unknown outcome in flight.
 	holder := p.cfg.Instance + "/g" + strconv.Itoa(int(genID)) + "r" + strconv.FormatInt(p.runs.Add(1), 10) +
 		"/" + p.cfg.Input + "/" + strconv.Itoa(partition)
 	log := p.log.With("partition", partition)
-	ctx, cancel := drainContext(gen, p.cfg.DrainTimeout)
+	ctx, cancel := drainContext(gen, hard, p.cfg.DrainTimeout)
 	defer cancel()
 	pz := &pauser{p: p, log: log}
 	defer pz.done()
@@ -764,7 +749,7 @@ func (p *Pipeline) commit(ctx context.Context, pz *pauser, commit committer, par
 		if m := p.cfg.Metrics; m != nil {
 			m.commitErrors.WithLabelValues(p.cfg.Name).Inc()
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || isNotOwned(err) {
 			pz.log.Warn("offset commit failed as the partition was revoked; its records are read again", "offset", next, "err", err)
 			return false
 		}

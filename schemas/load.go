@@ -57,6 +57,7 @@ var OverridableFields = []OverridableField{
 	{Path: "kafka.brokers", Env: "IDEMSTREAM_KAFKA_BROKERS", Flag: "brokers", List: true, Help: "Kafka bootstrap brokers, comma-separated"},
 	{Path: "kafka.group", Env: "IDEMSTREAM_KAFKA_GROUP", Flag: "group", Help: "consumer group prefix"},
 	{Path: "kafka.client_id", Env: "IDEMSTREAM_KAFKA_CLIENT_ID", Flag: "client-id", Help: "Kafka client id"},
+	{Path: "kafka.instance_id", Env: "IDEMSTREAM_KAFKA_INSTANCE_ID", Flag: "instance-id", Help: "static group member id (the pod name): a restart takes its partitions back without a rebalance"},
 	{Path: "store.kind", Env: "IDEMSTREAM_STORE_KIND", Flag: "store", Help: "state store: redis or memory"},
 	{Path: "store.redis.url", Env: "IDEMSTREAM_REDIS_URL", Flag: "redis-url", Help: "Redis URL (redis:// or rediss://)"},
 	{Path: "store.redis.prefix", Env: "IDEMSTREAM_REDIS_PREFIX", Flag: "redis-prefix", Help: "prefix of every Redis key"},

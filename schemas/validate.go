@@ -18,6 +18,7 @@ import (
 const (
 	DefaultGroup           = "idemstream"
 	DefaultCompression     = "lz4"
+	DefaultAssignor        = "cooperative-sticky"
 	DefaultRedisURL        = "redis://localhost:6379/0"
 	DefaultRedisPrefix     = "idem"
 	DefaultMetricsAddr     = ":9464"
@@ -50,6 +51,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Kafka.Compression == "" {
 		c.Kafka.Compression = DefaultCompression
+	}
+	if c.Kafka.Assignor == "" {
+		c.Kafka.Assignor = DefaultAssignor
 	}
 	if c.Store.Kind == "" {
 		c.Store.Kind = "redis"

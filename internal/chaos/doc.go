@@ -28,7 +28,9 @@
 //     50e0, some with members reordered), about 3% with a conflicting copy
 //     (another amount), and a few invalid records (malformed JSON, no key
 //     header); then starts three `idemstream run` members in one group
-//     over the six input partitions, and keeps streaming more keys of the
+//     over the six input partitions, each under an identity of its own
+//     kept across its restarts (IDEMSTREAM_INSTANCE_ID=chaos-N: static
+//     members, the cooperative-sticky assignor), and keeps streaming more keys of the
 //     same mix (about 40 a second) while they work, until the rolling
 //     restart below is over;
 //   - a fourth member joins and leaves with SIGTERM every few seconds

@@ -137,7 +137,11 @@ func (f *fleet) start(s *slot) {
 	fmt.Fprintf(logf, "==== chaos: binary %s\n", bin)
 	cmd := exec.Command(bin, "run", "--config", f.config, "--metrics-addr", s.addr, "--log-format", "text")
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = childEnv()
+	// Each slot is one identity, as a StatefulSet's pod name or a pod name
+	// through the downward API would be: a killed member restarted takes
+	// its partitions back as a static member (KIP-345). A previous
+	// release ignores the variable and joins as a dynamic member.
+	cmd.Env = append(childEnv(), fmt.Sprintf("IDEMSTREAM_INSTANCE_ID=chaos-%d", s.id))
 	// Should this test process die, its instances die with it.
 	cmd.SysProcAttr = testenv.ChildProcAttr()
 	if err := cmd.Start(); err != nil {

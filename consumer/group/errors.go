@@ -1,0 +1,51 @@
+package group
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// classify names the step and makes a fenced instance ErrFenced, keeping
+// the broker's error in the chain for errors.Is.
+func classify(op string, err error) error {
+	if errors.Is(err, kafka.FencedInstanceID) {
+		return fmt.Errorf("group: %s: %w: %w", op, ErrFenced, err)
+	}
+	return fmt.Errorf("group: %s: %w", op, err)
+}
+
+// isGroupError says whether the coordinator refused the member's place in
+// the generation, rather than failed to answer.
+func isGroupError(err error) bool {
+	for _, e := range []error{kafka.RebalanceInProgress, kafka.IllegalGeneration, kafka.UnknownMemberId, kafka.FencedInstanceID} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// backoff doubles a wait from min to max.
+type backoff struct{ min, max, cur time.Duration }
+
+func (b *backoff) next() time.Duration {
+	b.cur = max(b.min, min(2*b.cur, b.max))
+	return b.cur
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,401 @@
+package group_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemstream/idemstream/consumer/group"
+	"github.com/idemstream/idemstream/internal/testenv"
+)
+
+// recorder is a Handler that keeps what it was told.
+type recorder struct {
+	mu      sync.Mutex
+	owned   map[int]bool
+	revoked []int
+	lost    []int
+	events  int
+	gens    []group.Generation
+	gone    time.Time // when the last partition was revoked or lost
+	got     time.Time // when the last partition was assigned
+}
+
+func newRecorder() *recorder { return &recorder{owned: map[int]bool{}} }
+
+func (r *recorder) Assigned(_ context.Context, g group.Generation, offsets map[int]int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p := range offsets {
+		r.owned[p] = true
+	}
+	r.got = time.Now()
+	r.events++
+	r.gens = append(r.gens, g)
+}
+
+func (r *recorder) Revoked(_ context.Context, g group.Generation, partitions []int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range partitions {
+		delete(r.owned, p)
+	}
+	r.revoked = append(r.revoked, partitions...)
+	r.gone = time.Now()
+	r.events++
+	r.gens = append(r.gens, g)
+}
+
+func (r *recorder) Lost(g group.Generation, partitions []int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range partitions {
+		delete(r.owned, p)
+	}
+	r.lost = append(r.lost, partitions...)
+	r.gone = time.Now()
+	r.events++
+}
+
+func (r *recorder) snapshot() (owned, revoked, lost []int, events int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p := range r.owned {
+		owned = append(owned, p)
+	}
+	slices.Sort(owned)
+	return owned, slices.Clone(r.revoked), slices.Clone(r.lost), r.events
+}
+
+// running is a member started in the background.
+type running struct {
+	net  *network
+	m    *group.Member
+	rec  *recorder
+	stop context.CancelFunc
+	done chan error
+}
+
+func start(t *testing.T, brokers []string, grp, topic, instance, assignor string) *running {
+	t.Helper()
+	return startWith(t, brokers, group.Config{Group: grp, Topic: topic, InstanceID: instance, Assignor: assignor})
+}
+
+// startWith starts a member of cfg, with a client of its own.
+func startWith(t *testing.T, brokers []string, cfg group.Config) *running {
+	t.Helper()
+	nw := &network{}
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 60 * time.Second, Transport: &kafka.Transport{Dial: nw.dial}}
+	rec := newRecorder()
+	cfg.Client = client
+	m, err := group.New(cfg, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	r := &running{m: m, rec: rec, stop: stop, done: make(chan error, 1), net: nw}
+	go func() { r.done <- m.Run(ctx) }()
+	t.Cleanup(r.halt)
+	return r
+}
+
+// network is a member's connections, which crash cuts: the process
+// sends nothing more, as one killed would not.
+type network struct {
+	mu    sync.Mutex
+	cut   bool
+	conns []net.Conn
+}
+
+func (n *network) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cut {
+		return nil, errors.New("the network is cut")
+	}
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err == nil {
+		n.conns = append(n.conns, c)
+	}
+	return c, err
+}
+
+// crash cuts the member off and stops it: to the group, a process killed.
+func (r *running) crash() {
+	r.net.mu.Lock()
+	r.net.cut = true
+	for _, c := range r.net.conns {
+		c.Close()
+	}
+	r.net.mu.Unlock()
+	r.halt()
+}
+
+// halt stops the member and waits for Run to return.
+func (r *running) halt() {
+	r.stop()
+	<-r.done
+	r.done <- nil // a second halt returns at once
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func owns(r *running, n int) func() bool {
+	return func() bool { o, _, _, _ := r.rec.snapshot(); return len(o) == n && len(r.m.Owned()) == n }
+}
+
+func setup(t *testing.T, partitions int) (brokers []string, grp, topic string) {
+	brokers = testenv.KafkaBrokers(t)
+	topic = testenv.UniqueName(t, "group-in")
+	testenv.CreateTopics(t, brokers, partitions, topic)
+	return brokers, testenv.UniqueName(t, "group"), topic
+}
+
+// A member that joins a cooperative group takes only its share: the
+// first member gives up those partitions alone and keeps the others
+// without a revocation.
+func TestCooperativeJoinMovesOnlyWhatMust(t *testing.T) {
+	brokers, grp, topic := setup(t, 6)
+	a := start(t, brokers, grp, topic, "", "")
+	waitFor(t, 30*time.Second, "the first member owns all six", owns(a, 6))
+	b := start(t, brokers, grp, topic, "", "")
+	waitFor(t, 60*time.Second, "three partitions each", func() bool { return owns(a, 3)() && owns(b, 3)() })
+	ao, revoked, lost, _ := a.rec.snapshot()
+	bo, _, _, _ := b.rec.snapshot()
+	slices.Sort(revoked)
+	if !slices.Equal(revoked, bo) || len(lost) > 0 {
+		t.Fatalf("a revoked %v and lost %v; b owns %v: want a to revoke exactly b's partitions", revoked, lost, bo)
+	}
+	if g := a.m.Generation(); g.Protocol != group.CooperativeSticky {
+		t.Fatalf("protocol %q, want %s", g.Protocol, group.CooperativeSticky)
+	}
+	for _, p := range ao {
+		if slices.Contains(revoked, p) {
+			t.Fatalf("a kept %d but revoked it on the way", p)
+		}
+	}
+	// Commits work under the generation, and not for others' partitions.
+	ctx := context.Background()
+	if err := a.m.Commit(ctx, map[int]int64{ao[0]: 7}); err != nil {
+		t.Fatalf("commit of an owned partition: %v", err)
+	}
+	if err := a.m.Commit(ctx, map[int]int64{bo[0]: 7}); !errors.Is(err, group.ErrNotOwned) {
+		t.Fatalf("commit of b's partition: %v, want ErrNotOwned", err)
+	}
+	// A dynamic member that leaves hands its partitions back at once.
+	b.halt()
+	waitFor(t, 30*time.Second, "a owns all six again", owns(a, 6))
+}
+
+// A static member restarted under its instance id takes its partitions
+// back at once, without a rebalance: the other member is told nothing,
+// and stays in its generation. The restart comes well inside the
+// session timeout (45 s), and the test allows far less than that.
+func TestStaticMemberRestartsWithoutARebalance(t *testing.T) {
+	brokers, grp, topic := setup(t, 6)
+	a := start(t, brokers, grp, topic, "member-a", "")
+	b := start(t, brokers, grp, topic, "member-b", "")
+	waitFor(t, 60*time.Second, "three partitions each", func() bool { return owns(a, 3)() && owns(b, 3)() })
+	before, _, _, _ := a.rec.snapshot()
+	_, _, _, bEvents := b.rec.snapshot()
+	bGen := b.m.Generation()
+	a.crash()
+	began := time.Now()
+	a2 := start(t, brokers, grp, topic, "member-a", "")
+	waitFor(t, 15*time.Second, "the restarted member owns three", owns(a2, 3))
+	after, _, _, _ := a2.rec.snapshot()
+	if !slices.Equal(before, after) {
+		t.Fatalf("restarted member owns %v, before %v", after, before)
+	}
+	_, _, _, events := b.rec.snapshot()
+	if events != bEvents || b.m.Generation() != bGen {
+		t.Fatalf("the other member saw %d events and generation %+v, want none and %+v", events-bEvents, b.m.Generation(), bGen)
+	}
+	t.Logf("restarted member had its partitions back %v after the restart", time.Since(began).Round(time.Millisecond))
+	// Stopped in order, a static member leaves: the other takes its
+	// partitions long before the 45 s session would end.
+	a2.halt()
+	waitFor(t, 15*time.Second, "the other member owns all six", owns(b, 6))
+}
+
+// Two processes under one instance id: the older is fenced, told it lost
+// its partitions, and Run returns ErrFenced.
+func TestTwoProcessesWithOneIdentityFenceTheOlder(t *testing.T) {
+	brokers, grp, topic := setup(t, 2)
+	a := start(t, brokers, grp, topic, "member-x", "")
+	waitFor(t, 30*time.Second, "a owns both", owns(a, 2))
+	a2 := start(t, brokers, grp, topic, "member-x", "")
+	waitFor(t, 30*time.Second, "the newer owns both", owns(a2, 2))
+	select {
+	case err := <-a.done:
+		a.done <- err
+		if !errors.Is(err, group.ErrFenced) {
+			t.Fatalf("older member's Run: %v, want ErrFenced", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the older member was not fenced")
+	}
+	if _, _, lost, _ := a.rec.snapshot(); len(lost) != 2 {
+		t.Fatalf("older member lost %v, want both partitions", lost)
+	}
+}
+
+// A group with a member of the previous release (kafka-go's consumer
+// group: eager, range) agrees on range: both work, and the partitions
+// are split between them, never owned by both at once after the join.
+func TestMixedGroupAgreesOnRange(t *testing.T) {
+	brokers, grp, topic := setup(t, 4)
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{ID: grp, Brokers: brokers, Topics: []string{topic},
+		HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second, RebalanceTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cg.Close() })
+	var mu sync.Mutex
+	var old []int
+	go func() {
+		for {
+			gen, err := cg.Next(context.Background())
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			old = old[:0]
+			for _, a := range gen.Assignments[topic] {
+				old = append(old, a.ID)
+			}
+			mu.Unlock()
+		}
+	}()
+	waitFor(t, 30*time.Second, "the old member owns all four", func() bool { mu.Lock(); defer mu.Unlock(); return len(old) == 4 })
+	a := start(t, brokers, grp, topic, "", "")
+	waitFor(t, 60*time.Second, "two partitions each", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return owns(a, 2)() && len(old) == 2
+	})
+	if g := a.m.Generation(); g.Protocol != group.Range {
+		t.Fatalf("protocol %q, want range", g.Protocol)
+	}
+	mine := a.m.Owned()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range old {
+		if slices.Contains(mine, p) {
+			t.Fatalf("partition %d owned by both: %v and %v", p, mine, old)
+		}
+	}
+}
+
+// kafka-go reads the heartbeat response's fields out of order; the member
+// reads the error where it lands. A generation that does not exist and a
+// member that does not are refused as such by the real broker.
+func TestHeartbeatErrorsAreRead(t *testing.T) {
+	brokers, grp, topic := setup(t, 1)
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
+	ctx := context.Background()
+	res, err := client.Heartbeat(ctx, &kafka.HeartbeatRequest{GroupID: grp, GenerationID: 3, MemberID: "nobody"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := group.HeartbeatError(res); !errors.Is(err, kafka.UnknownMemberId) {
+		t.Fatalf("heartbeat of an unknown member: %v (response %+v), want UnknownMemberId", err, res)
+	}
+	a := start(t, brokers, grp, topic, "", "")
+	waitFor(t, 30*time.Second, "a owns the partition", owns(a, 1))
+	g := a.m.Generation()
+	res, err = client.Heartbeat(ctx, &kafka.HeartbeatRequest{GroupID: grp, GenerationID: int32(g.ID + 5), MemberID: g.MemberID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := group.HeartbeatError(res); !errors.Is(err, kafka.IllegalGeneration) {
+		t.Fatalf("heartbeat of a later generation: %v (response %+v), want IllegalGeneration", err, res)
+	}
+	res, err = client.Heartbeat(ctx, &kafka.HeartbeatRequest{GroupID: grp, GenerationID: int32(g.ID), MemberID: g.MemberID})
+	if err != nil || group.HeartbeatError(res) != nil {
+		t.Fatalf("heartbeat of the member itself: %v %+v", err, res)
+	}
+}
+
+// A member of the previous release joining a cooperative group makes it
+// agree on range: the member that kept its partitions across the join
+// gives them all up before any assignment is made, so the old member
+// never starts one of them while it still runs it.
+func TestEagerJoinerMakesTheCooperativeMemberRevokeFirst(t *testing.T) {
+	brokers, grp, topic := setup(t, 4)
+	a := start(t, brokers, grp, topic, "", "")
+	waitFor(t, 30*time.Second, "a owns all four", owns(a, 4))
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{ID: grp, Brokers: brokers, Topics: []string{topic},
+		HeartbeatInterval: time.Second, SessionTimeout: 10 * time.Second, RebalanceTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cg.Close() })
+	gen, err := cg.Next(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	if n := len(gen.Assignments[topic]); n != 2 {
+		t.Fatalf("old member got %d partitions, want 2", n)
+	}
+	waitFor(t, 30*time.Second, "a owns two", owns(a, 2))
+	_, revoked, lost, _ := a.rec.snapshot()
+	a.rec.mu.Lock()
+	gone := a.rec.gone
+	a.rec.mu.Unlock()
+	slices.Sort(revoked)
+	if !slices.Equal(revoked, []int{0, 1, 2, 3}) || len(lost) > 0 || gone.After(started) {
+		t.Fatalf("a revoked %v (done %v, old member started %v), lost %v: want all four revoked before the old member started",
+			revoked, gone, started, lost)
+	}
+	if g := a.m.Generation(); g.Protocol != group.Range {
+		t.Fatalf("protocol %q, want range", g.Protocol)
+	}
+}
+
+// A member cut off from the cluster gives its partitions up (Lost)
+// before the group can have handed them to another member: the deadline
+// is a heartbeat interval inside the session.
+func TestCutOffMemberStopsBeforeOthersTakeOver(t *testing.T) {
+	brokers, grp, topic := setup(t, 2)
+	cfg := group.Config{Group: grp, Topic: topic, SessionTimeout: 6 * time.Second, HeartbeatInterval: time.Second}
+	a := startWith(t, brokers, cfg)
+	waitFor(t, 30*time.Second, "a owns both", owns(a, 2))
+	b := startWith(t, brokers, cfg)
+	waitFor(t, 30*time.Second, "one each", func() bool { return owns(a, 1)() && owns(b, 1)() })
+	a.net.mu.Lock()
+	a.net.cut = true
+	for _, c := range a.net.conns {
+		c.Close()
+	}
+	a.net.mu.Unlock()
+	waitFor(t, 30*time.Second, "b owns both", owns(b, 2))
+	_, _, lost, _ := a.rec.snapshot()
+	a.rec.mu.Lock()
+	gone := a.rec.gone
+	a.rec.mu.Unlock()
+	b.rec.mu.Lock()
+	got := b.rec.got
+	b.rec.mu.Unlock()
+	if len(lost) != 1 || gone.IsZero() || !gone.Before(got) {
+		t.Fatalf("a lost %v at %v, b took over at %v: want a's partition lost before b got it", lost, gone, got)
+	}
+	t.Logf("a gave up %v before b took over", got.Sub(gone).Round(time.Millisecond))
+}
