@@ -1,5 +1,5 @@
 # The README's commands. `make test` is what CI runs.
-.PHONY: test demo build fuzz bench vet load latency bench-redis bench-audit chaos
+.PHONY: test demo build fuzz bench vet load latency crash-latency bench-redis bench-audit chaos
 
 test:
 	./internal/testenv/scripts/test.sh
@@ -70,6 +70,26 @@ latency:
 	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start && \
 	  IDEMSTREAM_LATENCY=1 IDEMSTREAM_LATENCY_RATE=$(LATENCY_RATE) IDEMSTREAM_LATENCY_DURATION=$(LATENCY_DURATION) \
 	  go test ./internal/load -run TestLatency -count=1 -v -timeout 40m'
+
+# What a crashed member costs: CRASH_RATE commands/s on three members of
+# one group (IDEMSTREAM_INSTANCE_ID=member-N, default timings), each in
+# turn SIGKILLed and restarted 3 s later, one kill every 10 s after a 10 s
+# warm-up for CRASH_DURATION; prints, from the topics' timestamps, result
+# latency p50, p99 and max and the longest time without a result (on any
+# partition and per partition), and fails unless each key has exactly one
+# result. CRASH_PREVIOUS=PATH (the previous release's binary) runs the same
+# after this tree's binary and prints both side by side; CRASH_LOGS=DIR
+# keeps the members' logs; CRASH_KILLS=0 is the baseline without kills.
+CRASH_RATE ?= 3000
+CRASH_DURATION ?= 60s
+CRASH_PREVIOUS ?=
+CRASH_LOGS ?=
+CRASH_KILLS ?= 1
+crash-latency:
+	bash -c 'source internal/testenv/scripts/servers.sh && trap servers_stop EXIT && servers_start redis kafka && \
+	  IDEMSTREAM_CRASH=1 IDEMSTREAM_CRASH_RATE=$(CRASH_RATE) IDEMSTREAM_CRASH_DURATION=$(CRASH_DURATION) \
+	  IDEMSTREAM_CRASH_PREVIOUS="$(CRASH_PREVIOUS)" IDEMSTREAM_LOAD_LOGS="$(CRASH_LOGS)" IDEMSTREAM_CRASH_KILLS=$(CRASH_KILLS) \
+	  go test ./internal/load -run TestCrashLatency -count=1 -v -timeout 40m'
 
 # Redis decisions per second next to redis-benchmark's pipelined SET.
 bench-redis:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemstream/idemstream/internal/retry"
 	"slices"
 	"sort"
 	"strconv"
@@ -331,7 +332,7 @@ func (p *Pipeline) handle(ctx context.Context, rec *dedupe.Record, o *dedupe.Out
 		if attempt == 1 || attempt%10 == 0 {
 			p.log.Warn("handler failed; retrying", "key", o.Key, "source", rec.Source(), "attempt", attempt, "err", err)
 		}
-		if sleep(ctx, backoff) != nil {
+		if retry.Sleep(ctx, backoff) != nil {
 			return Result{}, ctx.Err()
 		}
 		backoff = min(backoff*2, 5*time.Second)

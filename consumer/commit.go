@@ -2,14 +2,14 @@ package consumer
 
 import "sync"
 
-// sharedCommitter sends the commits of one generation's partitions one
-// OffsetCommit request at a time, and those that arrive while a request is
-// in flight together in the next one. kafka-go's generation has a single
-// connection to the group coordinator, and requests that wait on it
-// concurrently spin for their responses (each waiter reads the next
-// response's correlation id and lets go when it is another's): with six
-// partitions committing after every batch that cost about 5% of the
-// consumer's CPU in the load run, most of it resetting read deadlines.
+// sharedCommitter sends the partitions' commits one OffsetCommit request
+// at a time, and those that arrive while a request is in flight together
+// in the next one: one request per round instead of one per partition per
+// batch. It was first written for kafka-go's consumer group, whose single
+// connection to the coordinator made concurrent commits spin for their
+// responses (about 5% of the consumer's CPU in the load run); the group
+// member commits through kafka-go's Client, and the rounds still save the
+// coordinator a request per partition.
 //
 // Each partition commits from its own goroutine and waits for the result,
 // so a round holds at most one offset per partition. A round's error is

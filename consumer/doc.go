@@ -161,6 +161,20 @@
 // partition for at most the drain time, and a crash stalls the keys it held
 // for at most the lease.
 //
+// A member restarted under its identity (kafka.instance_id: a container
+// killed and restarted in its pod) gets its partitions back at once,
+// without a rebalance, but not the keys its previous incarnation left
+// PENDING: their records wait for the lease, as at any other next owner.
+// Static membership assumes one process per identity, and Kafka fences
+// the older of two; but even a process certainly dead may have sent a
+// result write whose outcome is unknown, and a record the leader appended
+// can become visible up to SettleWait later (replica.lag.time.max.ms), so
+// a scan made sooner could miss it and write a second result. Only the
+// lease, which outlasts SettleWait plus a write, bounds that. So a crash
+// in the middle of a batch still costs that batch's keys (and the
+// partition behind them) up to the lease; a crash between batches costs
+// nothing but the restart. TestRestartedIdentityWaitsForItsPredecessorsLease.
+//
 // A batch runs the protocol in two phases: first for everything the store
 // decides at once (above all the first copies it now owns), then for the
 // records whose key another holder owns, which wait. So two batches that

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/idemstream/idemstream/internal/retry"
 	"log/slog"
 	"os"
 	"strconv"
@@ -394,7 +395,7 @@ var topicWait = 30 * time.Second
 // would otherwise pause on them for ever.
 func (p *Pipeline) checkTopics(ctx context.Context) error {
 	deadline := time.Now().Add(topicWait)
-	retry := backoff{min: time.Second, max: 30 * time.Second}
+	again := retry.Backoff{Min: time.Second, Max: 30 * time.Second}
 	for _, topic := range []string{p.cfg.Input, p.cfg.Output, p.cfg.DLQ, p.cfg.Replies} {
 		if topic == "" {
 			continue
@@ -418,12 +419,12 @@ func (p *Pipeline) checkTopics(ctx context.Context) error {
 			// log thins out as the attempts grow.
 			wait := time.Second
 			if !errors.Is(err, sinks.ErrUnknownTopic) {
-				wait = retry.next()
+				wait = again.Next()
 			}
 			if attempt&(attempt-1) == 0 || attempt%30 == 0 { // 1, 2, 4, 8, ... and every 30th
 				p.log.Warn("reading topic metadata failed; retrying", "topic", topic, "after", wait, "err", err)
 			}
-			if sleep(ctx, wait) != nil {
+			if retry.Sleep(ctx, wait) != nil {
 				return nil
 			}
 		}
@@ -462,7 +463,7 @@ func (p *Pipeline) checkIdentity(ctx context.Context) error {
 		if attempt == 0 || attempt%30 == 0 {
 			p.log.Warn("reading the latest results failed; retrying", "topic", p.cfg.Output, "err", err)
 		}
-		if sleep(ctx, time.Second) != nil {
+		if retry.Sleep(ctx, time.Second) != nil {
 			return nil
 		}
 	}
@@ -624,7 +625,7 @@ func (p *Pipeline) runPartition(gen, hard context.Context, commit committer, gen
 	defer func() { p.inflight(-held) }()
 	ahead := &prefetcher{p: p, gen: gen, partition: partition}
 	defer ahead.wait()
-	refetch := backoff{min: 200 * time.Millisecond, max: 10 * time.Second}
+	refetch := retry.Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}
 	if (offset == kafka.FirstOffset && !p.cfg.Start.Time.IsZero()) || offset == kafka.LastOffset {
 		start, err := p.startAt(gen, pz, partition)
 		if err != nil {
@@ -693,7 +694,7 @@ func (p *Pipeline) runPartition(gen, hard context.Context, commit committer, gen
 			}
 			err := p.processBatch(ctx, pz, holder, batch, fetched, fl, commitTo)
 			if err == nil {
-				refetch.reset()
+				refetch.Reset()
 				commitTo(batch[len(batch)-1].Offset + 1)
 				continue
 			}
@@ -720,11 +721,11 @@ func (p *Pipeline) runPartition(gen, hard context.Context, commit committer, gen
 			// may pass: drop the batch, commit nothing, and read again
 			// from the last committed offset after a pause that grows
 			// while it happens again; the store decides what comes back.
-			wait := refetch.next()
+			wait := refetch.Next()
 			log.Warn("batch dropped without commit; its records are read again", "offset", offset, "after", wait, "err", err)
 			p.inflight(-held)
 			held = 0
-			if sleep(gen, wait) != nil {
+			if retry.Sleep(gen, wait) != nil {
 				return
 			}
 			break
@@ -739,7 +740,7 @@ func (p *Pipeline) runPartition(gen, hard context.Context, commit committer, gen
 // "Assumptions"). A refusal that cannot pass (authorization) stops the
 // pipeline. false: the partition's work ends.
 func (p *Pipeline) commit(ctx context.Context, pz *pauser, commit committer, partition int, next int64) bool {
-	wait := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	wait := retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for attempt := 1; ; attempt++ {
 		err := commit.CommitOffsets(map[string]map[int]int64{p.cfg.Input: {partition: next}})
 		if err == nil {
@@ -764,7 +765,7 @@ func (p *Pipeline) commit(ctx context.Context, pz *pauser, commit committer, par
 		if attempt == 3 {
 			pz.pause(ctx, "offset commit", err)
 		}
-		if sleep(ctx, wait.next()) != nil {
+		if retry.Sleep(ctx, wait.Next()) != nil {
 			return false
 		}
 	}
@@ -781,29 +782,6 @@ func commitRefused(err error) bool {
 		return true
 	}
 	return false
-}
-
-// backoff doubles from min to max; reset starts it again.
-type backoff struct {
-	min, max, cur time.Duration
-}
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(2*b.cur, b.max)
-	}
-	return b.cur
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-// inflight counts records fetched and not yet committed (or dropped).
-func (p *Pipeline) inflight(delta int) {
-	if p.cfg.Metrics != nil {
-		p.cfg.Metrics.inflight.WithLabelValues(p.cfg.Name).Add(float64(delta))
-	}
 }
 
 func (p *Pipeline) setLag(partition int, hw, offset int64, recs []sinks.Fetched) {
@@ -841,7 +819,7 @@ func (z *pauser) pause(ctx context.Context, what string, err error) {
 	}
 	why := what + ": " + err.Error()
 	z.p.pauseWhy.Store(&why)
-	_ = sleep(ctx, 500*time.Millisecond)
+	_ = retry.Sleep(ctx, 500*time.Millisecond)
 }
 
 func (z *pauser) resume() {
@@ -878,13 +856,9 @@ func (z *pauser) done() {
 	}
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
+// inflight counts records fetched and not yet committed (or dropped).
+func (p *Pipeline) inflight(delta int) {
+	if p.cfg.Metrics != nil {
+		p.cfg.Metrics.inflight.WithLabelValues(p.cfg.Name).Add(float64(delta))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemstream/idemstream/internal/retry"
 	"sort"
 	"strings"
 	"time"
@@ -335,7 +336,7 @@ func (r *results) write(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		var retry, unknown []*firstCopy
+		var again, unknown []*firstCopy
 		for j, fc := range todo {
 			w := sinks.Written{Offset: dedupe.NoPosition, Err: werr}
 			if written != nil {
@@ -345,23 +346,23 @@ func (r *results) write(ctx context.Context) error {
 			case w.Err == nil && w.Offset >= 0:
 				fc.wrote(w)
 			case errors.Is(w.Err, sinks.ErrAmbiguous):
-				retry, unknown = append(retry, fc), append(unknown, fc)
+				again, unknown = append(again, fc), append(unknown, fc)
 			case dedupe.Classify(w.Err) == dedupe.Poison:
 				fc.failed(dedupe.ReasonOf(w.Err), fmt.Errorf("the broker refused the result record: %w", w.Err))
 			case dedupe.IsRetryable(w.Err):
 				fc.stage = stageHandled // refused for now: nothing appended
-				retry = append(retry, fc)
+				again = append(again, fc)
 			default:
 				return fmt.Errorf("write results to %s: %w", r.p.cfg.Output, w.Err)
 			}
 		}
-		if len(retry) == 0 {
+		if len(again) == 0 {
 			r.pz.resume()
 			return nil
 		}
 		r.pz.pause(ctx, "write", werr)
 		if len(unknown) > 0 {
-			if err := sleep(ctx, r.p.cfg.SettleWait); err != nil {
+			if err := retry.Sleep(ctx, r.p.cfg.SettleWait); err != nil {
 				return err
 			}
 			found, err := r.p.scanFor(ctx, r.pz, unknown)
@@ -377,7 +378,7 @@ func (r *results) write(ctx context.Context) error {
 			}
 		}
 		todo = todo[:0]
-		for _, fc := range retry {
+		for _, fc := range again {
 			if fc.stage == stageHandled {
 				todo = append(todo, fc)
 			}

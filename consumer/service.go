@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemstream/idemstream/internal/retry"
 	"log/slog"
 	"os"
 	"slices"
@@ -405,7 +406,7 @@ func (c *settingsCheck) untilPassed(ctx context.Context) error {
 		if attempt&(attempt-1) == 0 || attempt%10 == 0 { // 1, 2, 4, 8, ... and every 10th
 			c.log.Warn("redis settings could not be checked; not starting until they are", "setting", "store.redis.check_server", "retry_in", wait, "err", err)
 		}
-		if err := sleep(ctx, wait); err != nil {
+		if err := retry.Sleep(ctx, wait); err != nil {
 			return err
 		}
 		wait = min(2*wait, 30*time.Second)

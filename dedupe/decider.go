@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/idemstream/idemstream/internal/retry"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -76,7 +77,7 @@ func NewDecider(p Policy, s Store, opts ...DeciderOption) (*Decider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pipeline %q: %w", p.Pipeline, err)
 	}
-	d := &Decider{policy: p, canon: canon, store: s, wait: sleepCtx, now: time.Now}
+	d := &Decider{policy: p, canon: canon, store: s, wait: retry.Sleep, now: time.Now}
 	for _, o := range opts {
 		o(d)
 	}
@@ -433,16 +434,5 @@ func (d *Decider) fill(o *Outcome, dec Decision) {
 		o.Kind, o.Reason = OutcomeConflict, ReasonConflict
 		o.Err = fmt.Errorf("idempotency key reused with a different payload: fingerprint %s, first seen as %s at %s",
 			o.Fingerprint, dec.Entry.Fingerprint, dec.Entry.FirstSource)
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }

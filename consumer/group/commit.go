@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemstream/idemstream/internal/retry"
 	"slices"
 	"strconv"
 	"time"
@@ -18,7 +19,7 @@ import (
 // retry can cure (authorization) returns at once; other failures are tried
 // again until ctx ends, and the last of them is returned with ctx's error.
 func (m *Member) Commit(ctx context.Context, offsets map[int]int64) error {
-	retry := backoff{min: 50 * time.Millisecond, max: time.Second}
+	again := retry.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for {
 		m.mu.Lock()
 		g, changed := m.gen, m.changed
@@ -46,7 +47,7 @@ func (m *Member) Commit(ctx context.Context, offsets map[int]int64) error {
 				return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
 			}
 		default:
-			if sleep(ctx, retry.next()) != nil {
+			if retry.Sleep(ctx, again.Next()) != nil {
 				return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
 			}
 		}

@@ -1,10 +1,8 @@
 package group
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -27,25 +25,4 @@ func isGroupError(err error) bool {
 		}
 	}
 	return false
-}
-
-// backoff doubles a wait from min to max.
-type backoff struct{ min, max, cur time.Duration }
-
-func (b *backoff) next() time.Duration {
-	b.cur = max(b.min, min(2*b.cur, b.max))
-	return b.cur
-}
-
-func (b *backoff) reset() { b.cur = 0 }
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

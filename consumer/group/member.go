@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemstream/idemstream/internal/retry"
 	"log/slog"
 	"net"
 	"slices"
@@ -181,14 +182,14 @@ func (m *Member) Run(ctx context.Context) error {
 
 // loop is Run's join, sync and wait, over and over.
 func (m *Member) loop(ctx context.Context) error {
-	retry := backoff{min: 100 * time.Millisecond, max: 5 * time.Second}
+	again := retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for ctx.Err() == nil {
 		if !m.Generation().Cooperative() {
 			m.revokeAll(ctx) // eager: nothing is kept across a join
 		}
 		err := m.join(ctx)
 		if err == nil {
-			retry.reset()
+			again.Reset()
 			err = m.wait(ctx)
 		}
 		switch {
@@ -210,7 +211,7 @@ func (m *Member) loop(ctx context.Context) error {
 			m.mu.Unlock()
 		default:
 			m.log.Warn("group: rejoining after an error", "group", m.cfg.Group, "err", err)
-			if sleep(ctx, retry.next()) != nil {
+			if retry.Sleep(ctx, again.Next()) != nil {
 				return nil
 			}
 		}

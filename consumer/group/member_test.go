@@ -43,24 +43,25 @@ func (r *recorder) Assigned(_ context.Context, g group.Generation, offsets map[i
 func (r *recorder) Revoked(_ context.Context, g group.Generation, partitions []int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, p := range partitions {
-		delete(r.owned, p)
-	}
-	r.revoked = append(r.revoked, partitions...)
-	r.gone = time.Now()
-	r.events++
+	r.revoked = r.give(r.revoked, partitions)
 	r.gens = append(r.gens, g)
 }
 
-func (r *recorder) Lost(g group.Generation, partitions []int) {
+func (r *recorder) Lost(_ group.Generation, partitions []int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.lost = r.give(r.lost, partitions)
+}
+
+// give takes partitions from what the member owns and adds them to list;
+// r.mu is held.
+func (r *recorder) give(list, partitions []int) []int {
 	for _, p := range partitions {
 		delete(r.owned, p)
 	}
-	r.lost = append(r.lost, partitions...)
 	r.gone = time.Now()
 	r.events++
+	return append(list, partitions...)
 }
 
 func (r *recorder) snapshot() (owned, revoked, lost []int, events int) {
@@ -368,6 +369,12 @@ func TestEagerJoinerMakesTheCooperativeMemberRevokeFirst(t *testing.T) {
 	if g := a.m.Generation(); g.Protocol != group.Range {
 		t.Fatalf("protocol %q, want range", g.Protocol)
 	}
+	// The last member of the previous release leaves: the next generation
+	// is cooperative again, with no setting changed (one rolling deploy).
+	cg.Close()
+	waitFor(t, 30*time.Second, "a cooperative generation with all four", func() bool {
+		return owns(a, 4)() && a.m.Generation().Protocol == group.CooperativeSticky
+	})
 }
 
 // A member cut off from the cluster gives its partitions up (Lost)
