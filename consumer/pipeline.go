@@ -89,8 +89,11 @@ type Config struct {
 	// InstanceID makes the member static (kafka.instance_id): a restart
 	// under the same id takes its partitions back without a rebalance.
 	// Assignor is group.CooperativeSticky (the default) or group.Range.
-	InstanceID string
-	Assignor   string
+	// LeaveOnStop makes a static member leave the group when it stops in
+	// order (kafka.leave_on_stop).
+	InstanceID  string
+	LeaveOnStop bool
+	Assignor    string
 	// Identity names what makes this pipeline's decisions this pipeline's:
 	// its input, output, group, store namespace and key rule. Every result
 	// carries it (idemstream-pipeline), and Run refuses to start when the
@@ -306,7 +309,7 @@ func (p *Pipeline) Run(parent context.Context) error {
 	parts := newAssignment(p, hard)
 	member, err := group.New(group.Config{
 		Group: p.cfg.Group, Topic: p.cfg.Input, Client: client,
-		InstanceID: p.cfg.InstanceID, Assignor: p.cfg.Assignor,
+		InstanceID: p.cfg.InstanceID, LeaveOnStop: p.cfg.LeaveOnStop, Assignor: p.cfg.Assignor,
 		SessionTimeout: p.cfg.SessionTimeout, RebalanceTimeout: p.rebalanceTimeout(),
 		HeartbeatInterval: p.cfg.SessionTimeout / 5,
 		Joined:            p.joinedGeneration,

@@ -136,7 +136,7 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 			Identity: identityOf(cfg, pc), AcceptIdentity: pc.AcceptIdentity,
 			Name: pc.Name, Input: pc.Input, Output: pc.Output, DLQ: pc.DLQ, Replies: pc.Replies,
 			Group: cfg.ConsumerGroup(pc), Brokers: cfg.Kafka.Brokers, Dialer: dialer,
-			InstanceID: cfg.Kafka.InstanceID, Assignor: cfg.Kafka.Assignor,
+			InstanceID: cfg.Kafka.InstanceID, LeaveOnStop: cfg.Kafka.LeaveOnStop, Assignor: cfg.Kafka.Assignor,
 			Decider: d, Store: store, Broker: io, Handler: o.Handlers[pc.Name], Metrics: metrics, Logger: o.Logger,
 			Instance: instance, SettleWait: o.SettleWait, DrainTimeout: o.DrainTimeout, BatchSize: o.BatchSize,
 		})

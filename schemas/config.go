@@ -59,10 +59,12 @@ type Kafka struct {
 	Brokers  []string `json:"brokers"`
 	Group    string   `json:"group"`
 	ClientID string   `json:"client_id,omitempty"`
-	// InstanceID makes the process a static group member; Assignor is
+	// InstanceID makes the process a static group member, LeaveOnStop
+	// makes it leave its groups when it stops in order; Assignor is
 	// cooperative-sticky (the default) or range.
-	InstanceID string `json:"instance_id,omitempty"`
-	Assignor   string `json:"assignor,omitempty"`
+	InstanceID  string `json:"instance_id,omitempty"`
+	LeaveOnStop bool   `json:"leave_on_stop,omitempty"`
+	Assignor    string `json:"assignor,omitempty"`
 	// Compression of every record idemstream writes: zstd, lz4 (the
 	// default), snappy, gzip or none.
 	Compression string `json:"compression,omitempty"`

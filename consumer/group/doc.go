@@ -50,13 +50,13 @@
 //     its generation (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION) waits for
 //     the next one and is sent again if the partition is still owned;
 //     otherwise it fails with [ErrNotOwned].
-//  6. Stop. When Run's context ends the member revokes everything and
-//     leaves the group (LeaveGroup, with its instance id if static), so
-//     that its partitions move at once: a process stopped in order is
-//     being replaced or scaled away. A process that dies runs no code and
-//     sends nothing: its partitions wait for its session to time out,
-//     or, for a static member, for its restart under the same id, which
-//     takes them back without a rebalance.
+//  6. Stop. When Run's context ends the member revokes everything, and a
+//     dynamic member leaves the group (LeaveGroup), so that its
+//     partitions move at once. A static member does not (KIP-345): its
+//     restart under the same id takes them back without a rebalance, and
+//     until its session ends they wait for it; with LeaveOnStop it leaves
+//     too, naming its instance id (an identity that will not come back).
+//     A process that dies sends nothing either way.
 //
 // # When the member is not what it thought
 //

@@ -22,12 +22,15 @@ type Config struct {
 	// Client reaches the cluster; its Timeout must outlast
 	// RebalanceTimeout, since a JoinGroup waits that long for the others.
 	Client *kafka.Client
-	// InstanceID makes the member static (KIP-345): killed and restarted
-	// under the same id within SessionTimeout, it takes its partitions
-	// back without a rebalance, and no other member stops meanwhile. It
-	// still leaves the group when Run ends in order. Empty: a dynamic
+	// InstanceID makes the member static (KIP-345): restarted under the
+	// same id within SessionTimeout, it takes its partitions back without
+	// a rebalance, and no other member stops meanwhile. Empty: a dynamic
 	// member.
 	InstanceID string
+	// LeaveOnStop makes a static member leave the group when Run ends in
+	// order, as a dynamic member always does: for identities that do not
+	// come back after a stop (a Deployment's pod names).
+	LeaveOnStop bool
 	// Assignor is CooperativeSticky (the default) or Range. A member
 	// configured with CooperativeSticky also offers Range, so that a group
 	// that still has members of the eager kind agrees on Range and works.
@@ -420,21 +423,20 @@ func (m *Member) committed(ctx context.Context, partitions []int) (map[int]int64
 // LeaveTimeout bounds a dynamic member's LeaveGroup on its way out.
 const LeaveTimeout = 10 * time.Second
 
-// shutdown revokes what the member owns (its work committed) and leaves
-// the group, so that its partitions move at once. A static member leaves
-// too (LeaveGroup names its instance id): a process that stops in order
-// is being replaced or scaled away, and its identity may not come back
-// (a Deployment's next pod has another name). What static membership is
-// for is the stop that runs no code: a crash, an OOM kill, SIGKILL; the
-// process restarted under its identity then takes its partitions back
-// without a rebalance.
+// shutdown revokes what the member owns (its work committed) and, for a
+// dynamic member, leaves the group, so that its partitions move at once.
+// A static member stays, as KIP-345 has it: its restart under the same id
+// takes them back without a rebalance, and until its session ends they
+// wait for it. LeaveOnStop makes it leave too (LeaveGroup naming its
+// instance id), for identities that do not come back: a Deployment's next
+// pod has another name.
 func (m *Member) shutdown() {
 	m.revokeAll(context.Background())
 	m.mu.Lock()
 	memberID := m.memberID
 	m.active = false
 	m.mu.Unlock()
-	if memberID == "" {
+	if memberID == "" || m.cfg.InstanceID != "" && !m.cfg.LeaveOnStop {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), LeaveTimeout)

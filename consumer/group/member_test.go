@@ -127,15 +127,15 @@ func (n *network) dial(ctx context.Context, network, addr string) (net.Conn, err
 	return c, err
 }
 
-// crash cuts the member off and stops it: to the group, a process killed.
-func (r *running) crash() {
+// cut cuts the member off the cluster: it keeps running, and reaches
+// nothing.
+func (r *running) cut() {
 	r.net.mu.Lock()
+	defer r.net.mu.Unlock()
 	r.net.cut = true
 	for _, c := range r.net.conns {
 		c.Close()
 	}
-	r.net.mu.Unlock()
-	r.halt()
 }
 
 // halt stops the member and waits for Run to return.
@@ -204,10 +204,10 @@ func TestCooperativeJoinMovesOnlyWhatMust(t *testing.T) {
 	waitFor(t, 30*time.Second, "a owns all six again", owns(a, 6))
 }
 
-// A static member restarted under its instance id takes its partitions
-// back at once, without a rebalance: the other member is told nothing,
-// and stays in its generation. The restart comes well inside the
-// session timeout (45 s), and the test allows far less than that.
+// A static member stopped and started again under its instance id takes
+// its partitions back at once, without a rebalance: the other member is
+// told nothing, and stays in its generation. The restart comes well
+// inside the session timeout (45 s), and the test allows far less.
 func TestStaticMemberRestartsWithoutARebalance(t *testing.T) {
 	brokers, grp, topic := setup(t, 6)
 	a := start(t, brokers, grp, topic, "member-a", "")
@@ -216,9 +216,9 @@ func TestStaticMemberRestartsWithoutARebalance(t *testing.T) {
 	before, _, _, _ := a.rec.snapshot()
 	_, _, _, bEvents := b.rec.snapshot()
 	bGen := b.m.Generation()
-	a.crash()
+	a.halt() // a static member stopped in order stays in the group
 	began := time.Now()
-	a2 := start(t, brokers, grp, topic, "member-a", "")
+	a2 := startWith(t, brokers, group.Config{Group: grp, Topic: topic, InstanceID: "member-a", LeaveOnStop: true})
 	waitFor(t, 15*time.Second, "the restarted member owns three", owns(a2, 3))
 	after, _, _, _ := a2.rec.snapshot()
 	if !slices.Equal(before, after) {
@@ -229,8 +229,8 @@ func TestStaticMemberRestartsWithoutARebalance(t *testing.T) {
 		t.Fatalf("the other member saw %d events and generation %+v, want none and %+v", events-bEvents, b.m.Generation(), bGen)
 	}
 	t.Logf("restarted member had its partitions back %v after the restart", time.Since(began).Round(time.Millisecond))
-	// Stopped in order, a static member leaves: the other takes its
-	// partitions long before the 45 s session would end.
+	// With LeaveOnStop, a static member stopped in order leaves: the
+	// other takes its partitions long before the 45 s session would end.
 	a2.halt()
 	waitFor(t, 15*time.Second, "the other member owns all six", owns(b, 6))
 }
@@ -387,12 +387,7 @@ func TestCutOffMemberStopsBeforeOthersTakeOver(t *testing.T) {
 	waitFor(t, 30*time.Second, "a owns both", owns(a, 2))
 	b := startWith(t, brokers, cfg)
 	waitFor(t, 30*time.Second, "one each", func() bool { return owns(a, 1)() && owns(b, 1)() })
-	a.net.mu.Lock()
-	a.net.cut = true
-	for _, c := range a.net.conns {
-		c.Close()
-	}
-	a.net.mu.Unlock()
+	a.cut()
 	waitFor(t, 30*time.Second, "b owns both", owns(b, 2))
 	_, _, lost, _ := a.rec.snapshot()
 	a.rec.mu.Lock()

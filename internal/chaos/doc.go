@@ -30,11 +30,11 @@
 //     header); then starts three `idemstream run` members in one group
 //     over the six input partitions, each under an identity of its own
 //     kept across its restarts (IDEMSTREAM_INSTANCE_ID=chaos-N: static
-//     members, the cooperative-sticky assignor), and keeps streaming more keys of the
+//     members, as a StatefulSet's pods; the cooperative-sticky assignor), and keeps streaming more keys of the
 //     same mix (about 40 a second) while they work, until the rolling
 //     restart below is over;
-//   - a fourth member joins and leaves with SIGTERM every few seconds
-//     until the faults are over (a rolling deploy, an autoscaler):
+//   - a fourth member, dynamic, joins and leaves with SIGTERM every few
+//     seconds until the faults are over (a rolling deploy, an autoscaler):
 //     each leave must end with exit status 0 within 30s;
 //   - SIGKILLs members (restarted about a second later), freezes a member
 //     with SIGSTOP for longer than its lease and lets it continue (a

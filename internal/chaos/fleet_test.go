@@ -137,11 +137,15 @@ func (f *fleet) start(s *slot) {
 	fmt.Fprintf(logf, "==== chaos: binary %s\n", bin)
 	cmd := exec.Command(bin, "run", "--config", f.config, "--metrics-addr", s.addr, "--log-format", "text")
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// Each slot is one identity, as a StatefulSet's pod name or a pod name
-	// through the downward API would be: a killed member restarted takes
-	// its partitions back as a static member (KIP-345). A previous
-	// release ignores the variable and joins as a dynamic member.
-	cmd.Env = append(childEnv(), fmt.Sprintf("IDEMSTREAM_INSTANCE_ID=chaos-%d", s.id))
+	// Each permanent slot is one identity, as a StatefulSet's pod name
+	// would be: a member killed, or stopped in order, and started again
+	// takes its partitions back as a static member (KIP-345). The member
+	// that joins and leaves is dynamic, as an autoscaled one would be. A
+	// previous release ignores the variable and joins as a dynamic member.
+	cmd.Env = childEnv()
+	if !s.optional {
+		cmd.Env = append(cmd.Env, fmt.Sprintf("IDEMSTREAM_INSTANCE_ID=chaos-%d", s.id))
+	}
 	// Should this test process die, its instances die with it.
 	cmd.SysProcAttr = testenv.ChildProcAttr()
 	if err := cmd.Start(); err != nil {
