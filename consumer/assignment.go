@@ -71,9 +71,10 @@ func (a *assignment) Assigned(membership context.Context, g group.Generation, of
 }
 
 // Revoked stops the partitions and waits until each has drained (its
-// batch finished and committed, or abandoned after DrainTimeout).
-func (a *assignment) Revoked(_ context.Context, _ group.Generation, partitions []int) {
-	a.stop(partitions, false)
+// batch finished and committed, or abandoned after DrainTimeout), or
+// until ctx ends, which stops what is left at once.
+func (a *assignment) Revoked(ctx context.Context, _ group.Generation, partitions []int) {
+	a.stop(ctx, partitions, false)
 }
 
 // Lost stops the partitions at once: another member may own them
@@ -84,10 +85,10 @@ func (a *assignment) Lost(_ group.Generation, partitions []int) {
 		m.partitionsMoved.WithLabelValues(a.p.cfg.Name, "lost").Add(float64(len(partitions)))
 		m.assignedPartitions.WithLabelValues(a.p.cfg.Name).Set(0)
 	}
-	a.stop(partitions, true)
+	a.stop(context.Background(), partitions, true)
 }
 
-func (a *assignment) stop(partitions []int, lost bool) {
+func (a *assignment) stop(ctx context.Context, partitions []int, lost bool) {
 	a.mu.Lock()
 	var runs []*partitionRun
 	for _, partition := range partitions {
@@ -102,7 +103,12 @@ func (a *assignment) stop(partitions []int, lost bool) {
 	}
 	a.mu.Unlock()
 	for _, run := range runs {
-		<-run.done
+		select {
+		case <-run.done:
+		case <-ctx.Done():
+			run.lose()
+			<-run.done
+		}
 		run.lose()
 	}
 }
@@ -116,7 +122,7 @@ func (a *assignment) stopAll(lost bool) {
 	}
 	a.mu.Unlock()
 	slices.Sort(partitions)
-	a.stop(partitions, lost)
+	a.stop(context.Background(), partitions, lost)
 }
 
 // memberCommitter commits through the group member, under the generation
@@ -127,8 +133,8 @@ type memberCommitter struct {
 	timeout time.Duration
 }
 
-func (c memberCommitter) CommitOffsets(offsets map[string]map[int]int64) error {
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+func (c memberCommitter) CommitOffsets(ctx context.Context, offsets map[string]map[int]int64) error {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	return c.m.Commit(ctx, offsets[c.topic])
 }

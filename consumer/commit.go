@@ -1,6 +1,9 @@
 package consumer
 
-import "sync"
+import (
+	"context"
+	"sync"
+)
 
 // sharedCommitter sends the partitions' commits one OffsetCommit request
 // at a time, and those that arrive while a request is in flight together
@@ -34,9 +37,9 @@ func newSharedCommitter(c committer) *sharedCommitter {
 }
 
 // CommitOffsets joins the round being gathered, waits for the request in
-// flight, and then sends the round itself unless another member already
-// has.
-func (s *sharedCommitter) CommitOffsets(offsets map[string]map[int]int64) error {
+// flight, and then sends the round itself, under its own ctx, unless
+// another member already has.
+func (s *sharedCommitter) CommitOffsets(ctx context.Context, offsets map[string]map[int]int64) error {
 	s.mu.Lock()
 	r := s.next
 	if r == nil {
@@ -69,7 +72,7 @@ func (s *sharedCommitter) CommitOffsets(offsets map[string]map[int]int64) error 
 	s.inflight = r.done
 	s.mu.Unlock()
 
-	r.err = s.committer.CommitOffsets(r.offsets)
+	r.err = s.committer.CommitOffsets(ctx, r.offsets)
 
 	s.mu.Lock()
 	s.inflight = nil

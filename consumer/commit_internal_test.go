@@ -23,7 +23,7 @@ type heldCommitter struct {
 	results  chan error
 }
 
-func (h *heldCommitter) CommitOffsets(offsets map[string]map[int]int64) error {
+func (h *heldCommitter) CommitOffsets(_ context.Context, offsets map[string]map[int]int64) error {
 	if h.active.Add(1) > 1 {
 		h.overlap.Store(true)
 	}
@@ -39,7 +39,7 @@ func TestCommitsArrivingDuringARequestGoInTheNextOne(t *testing.T) {
 	h := &heldCommitter{entered: make(chan struct{}), results: make(chan error)}
 	s := newSharedCommitter(h)
 	commit := func(partition int, offset int64, out chan<- error) {
-		out <- s.CommitOffsets(map[string]map[int]int64{"in": {partition: offset}})
+		out <- s.CommitOffsets(context.Background(), map[string]map[int]int64{"in": {partition: offset}})
 	}
 
 	first := make(chan error, 1)
@@ -105,7 +105,7 @@ type failingCommitter struct {
 	committed int64
 }
 
-func (f *failingCommitter) CommitOffsets(offsets map[string]map[int]int64) error {
+func (f *failingCommitter) CommitOffsets(_ context.Context, offsets map[string]map[int]int64) error {
 	f.calls++
 	if f.calls <= f.fail {
 		return errors.New("coordinator not available")
@@ -145,4 +145,6 @@ func TestFailedCommitIsRetried(t *testing.T) {
 
 type committerFunc func(map[string]map[int]int64) error
 
-func (f committerFunc) CommitOffsets(o map[string]map[int]int64) error { return f(o) }
+func (f committerFunc) CommitOffsets(_ context.Context, o map[string]map[int]int64) error {
+	return f(o)
+}

@@ -36,7 +36,7 @@ type Broker interface {
 // committer commits the next offset to read of a partition of the input.
 // memberCommitter implements it, through the group member.
 type committer interface {
-	CommitOffsets(offsets map[string]map[int]int64) error
+	CommitOffsets(ctx context.Context, offsets map[string]map[int]int64) error
 }
 
 // Config configures one pipeline.
@@ -745,7 +745,7 @@ func (p *Pipeline) runPartition(gen, hard context.Context, commit committer, gen
 func (p *Pipeline) commit(ctx context.Context, pz *pauser, commit committer, partition int, next int64) bool {
 	wait := retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for attempt := 1; ; attempt++ {
-		err := commit.CommitOffsets(map[string]map[int]int64{p.cfg.Input: {partition: next}})
+		err := commit.CommitOffsets(ctx, map[string]map[int]int64{p.cfg.Input: {partition: next}})
 		if err == nil {
 			pz.resume()
 			return true

@@ -3,7 +3,6 @@ package group
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"strconv"
 	"time"
@@ -37,15 +36,17 @@ func newMembership() membership {
 // heartbeats runs for the whole of Run: a heartbeat every interval while a
 // generation is on. A refusal goes to Run; one that ends the membership
 // (unknown member, illegal generation, fenced) first ends the membership's
-// context, and so does a heartbeat deadline missed: the last answered
-// heartbeat was sent more than SessionTimeout-HeartbeatInterval ago,
-// which is before the broker, whose clock started when that heartbeat
-// arrived, can have given the member up.
+// context, and so does the member's own deadline: the last request the
+// broker took as its sign of life (an answered heartbeat, a join, a sync)
+// was sent more than SessionTimeout-HeartbeatInterval ago, which is
+// before the broker, whose clock started when that request arrived, can
+// have given the member up. The deadline holds between generations too,
+// while the member still owns partitions (a cooperative join, a failed
+// one), except while a JoinGroup is parked at the broker, which keeps the
+// member meanwhile.
 func (m *Member) heartbeats(ctx context.Context) {
 	t := time.NewTicker(m.cfg.HeartbeatInterval)
 	defer t.Stop()
-	var epoch uint64
-	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -53,42 +54,55 @@ func (m *Member) heartbeats(ctx context.Context) {
 		case <-t.C:
 		}
 		m.mu.Lock()
-		g, memberID, active, coord, e := m.gen, m.memberID, m.active, m.coord, m.epoch
+		g, memberID, active, coord, epoch := m.gen, m.memberID, m.active, m.coord, m.epoch
+		since, owns, parked := time.Since(m.alive), len(m.owned) > 0, m.parked
 		m.mu.Unlock()
 		if !active {
+			if owns && !parked && since >= m.deadline() {
+				m.giveUp(epoch, since)
+			}
 			continue
-		}
-		if e != epoch {
-			epoch, last = e, time.Now()
 		}
 		err := errSessionOver
 		sent := time.Now()
-		if left := m.deadline() - time.Since(last); left > 0 {
+		if left := m.deadline() - since; left > 0 {
 			err = m.heartbeat(ctx, g, memberID, coord, min(left, m.cfg.SessionTimeout/2))
 		}
 		switch {
 		case err == nil || errors.Is(err, kafka.RebalanceInProgress):
 			// The broker counts both as the member alive.
-			last = sent
+			m.markAlive(sent)
 			if err == nil {
 				continue
 			}
 		case isGroupError(err):
 			err = classify("heartbeat", err)
-		case time.Since(last) < m.deadline():
-			m.log.Debug("group: heartbeat failed", "group", m.cfg.Group, "err", err)
-			m.setCoordinator(nil)
-			continue
-		default:
-			err = fmt.Errorf("group: no heartbeat answered for %v (%v): %w", time.Since(last).Round(time.Millisecond), err, kafka.UnknownMemberId)
-		}
-		if !errors.Is(err, kafka.RebalanceInProgress) {
 			m.endMembership(epoch)
+		default:
+			m.mu.Lock()
+			since = time.Since(m.alive)
+			m.mu.Unlock()
+			if since < m.deadline() {
+				m.log.Debug("group: heartbeat failed", "group", m.cfg.Group, "err", err)
+				m.setCoordinator(nil)
+				continue
+			}
+			m.giveUp(epoch, since)
+			continue
 		}
 		select {
 		case m.beats <- beat{epoch: epoch, err: err}:
 		default:
 		}
+	}
+}
+
+// giveUp ends the membership of epoch at the member's own deadline; Run's
+// loop sees its context end.
+func (m *Member) giveUp(epoch uint64, since time.Duration) {
+	if m.endMembership(epoch) {
+		m.log.Warn("group: no sign of life from the coordinator within the session; giving the partitions up",
+			"group", m.cfg.Group, "since", since.Round(time.Millisecond))
 	}
 }
 
@@ -100,13 +114,16 @@ var errSessionOver = errors.New("the session's deadline passed")
 func (m *Member) deadline() time.Duration { return m.cfg.SessionTimeout - m.cfg.HeartbeatInterval }
 
 // endMembership ends the membership of epoch, if it is still the current
-// one: the partitions' work stops now; Run's loop tells the Handler.
-func (m *Member) endMembership(epoch uint64) {
+// one and not over yet: the partitions' work stops now, and Run's loop
+// tells the Handler. It reports whether it ended it.
+func (m *Member) endMembership(epoch uint64) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if epoch == m.epoch {
-		m.member.cancel()
+	if epoch != m.epoch || m.member.ctx.Err() != nil {
+		return false
 	}
+	m.member.cancel()
+	return true
 }
 
 // heartbeat sends one heartbeat, finding the coordinator first if need

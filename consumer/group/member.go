@@ -80,7 +80,10 @@ type Handler interface {
 	// called), and the partitions' work must then stop at once.
 	Assigned(ctx context.Context, g Generation, offsets map[int]int64)
 	// Revoked takes partitions back in an orderly way: it returns when
-	// their work is committed or given up. Commit still works meanwhile.
+	// their work is committed or given up. Commit works meanwhile, except
+	// when the group went back to the eager protocol in the middle of a
+	// join (the generation has moved on: the work is only wound up). When
+	// ctx ends, the time to give them up is over: stop them at once.
 	Revoked(ctx context.Context, g Generation, partitions []int)
 	// Lost takes partitions back that the member no longer owns (another
 	// member may have them already): their work stops at once, and nothing
@@ -115,6 +118,8 @@ type Member struct {
 	epoch    uint64        // bumped by every join and loss: labels heartbeats
 	member   membership    // ends when the group goes on without the member
 	beats    chan beat     // the heartbeat loop's refusals, for Run
+	alive    time.Time     // when the last request the broker took as the member's sign of life was sent
+	parked   bool          // a JoinGroup is out: the broker keeps the member while it waits
 }
 
 // New checks cfg and returns a member; it starts nothing.
@@ -188,7 +193,7 @@ func (m *Member) loop(ctx context.Context) error {
 	again := retry.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for ctx.Err() == nil {
 		if !m.Generation().Cooperative() {
-			m.revokeAll(ctx) // eager: nothing is kept across a join
+			m.revokeAll(context.WithoutCancel(ctx)) // eager: nothing is kept across a join
 		}
 		err := m.join(ctx)
 		if err == nil {
@@ -205,6 +210,11 @@ func (m *Member) loop(ctx context.Context) error {
 			return err
 		case errors.Is(err, errRejoin), errors.Is(err, kafka.RebalanceInProgress):
 			// At once: the group is waiting for this member.
+		case errors.Is(err, errMembershipEnded):
+			// The member gave itself up before the broker can have: its
+			// partitions stopped; it joins again under its member id, which
+			// the broker refuses if it has given the member up too.
+			m.lose()
 		case errors.Is(err, kafka.UnknownMemberId), errors.Is(err, kafka.IllegalGeneration):
 			m.lose()
 			m.mu.Lock()
@@ -214,6 +224,9 @@ func (m *Member) loop(ctx context.Context) error {
 			m.mu.Unlock()
 		default:
 			m.log.Warn("group: rejoining after an error", "group", m.cfg.Group, "err", err)
+			if m.membershipEnded() {
+				m.lose()
+			}
 			if retry.Sleep(ctx, again.Next()) != nil {
 				return nil
 			}
@@ -226,15 +239,30 @@ func (m *Member) loop(ctx context.Context) error {
 // cooperative revocation must be followed by the second round).
 var errRejoin = errors.New("group: rejoin")
 
+// errMembershipEnded says the membership's context ended (the member
+// gave itself up, or the broker refused it): what it owns is lost.
+var errMembershipEnded = errors.New("group: membership ended")
+
+func (m *Member) membershipEnded() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.member.ctx.Err() != nil
+}
+
 // wait heartbeats until the generation ends: a rebalance (errRejoin), a
 // fatal refusal, or ctx.
 func (m *Member) wait(ctx context.Context) error {
 	watch := time.NewTicker(m.cfg.PartitionWatch)
 	defer watch.Stop()
+	m.mu.Lock()
+	ended := m.member.ctx.Done()
+	m.mu.Unlock()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-ended:
+			return errMembershipEnded
 		case b := <-m.beats:
 			m.mu.Lock()
 			stale := b.epoch != m.epoch
@@ -288,6 +316,10 @@ func (m *Member) partitionCount(ctx context.Context) (int, error) {
 // join runs one JoinGroup and SyncGroup, and applies the assignment.
 func (m *Member) join(ctx context.Context) error {
 	m.mu.Lock()
+	if m.member.ctx.Err() != nil {
+		m.mu.Unlock()
+		return errMembershipEnded
+	}
 	m.active, m.planned = false, 0
 	m.epoch++
 	if m.joining.IsZero() {
@@ -299,11 +331,11 @@ func (m *Member) join(ctx context.Context) error {
 	if m.cfg.Assignor == CooperativeSticky {
 		protocols = append([]joingroup.RequestProtocol{{Name: CooperativeSticky, Metadata: encodeSubscription(1, m.cfg.Topic, owned)}}, protocols...)
 	}
-	res, err := m.joinGroup(ctx, memberID, protocols)
+	res, err := m.parkedJoin(ctx, memberID, protocols)
 	if errors.Is(err, kafka.MemberIDRequired) {
 		// KIP-394: the broker names the member id to join with.
 		m.setMemberID(res.memberID)
-		res, err = m.joinGroup(ctx, res.memberID, protocols)
+		res, err = m.parkedJoin(ctx, res.memberID, protocols)
 	}
 	if err != nil {
 		return classify("join group", err)
@@ -311,12 +343,7 @@ func (m *Member) join(ctx context.Context) error {
 	m.setMemberID(res.memberID)
 	g := Generation{ID: res.generation, MemberID: res.memberID, Protocol: res.protocol}
 	if !g.Cooperative() && len(owned) > 0 {
-		// The group went back to the eager protocol (a member that offers
-		// only range joined) while this member kept its partitions across
-		// the join: a range leader assigns without looking at what anyone
-		// owns, so everything is given up before the assignment is.
-		m.h.Revoked(ctx, prev, owned)
-		m.setOwned(nil)
+		m.revokeBeforeSync(prev, g, owned)
 	}
 	var plan map[string][]int
 	if res.leader == res.memberID {
@@ -324,12 +351,69 @@ func (m *Member) join(ctx context.Context) error {
 			return err
 		}
 	}
+	sent := time.Now()
 	assigned, err := m.syncGroup(ctx, g, plan)
 	if err != nil {
 		return classify("sync group", err)
 	}
+	m.markAlive(sent) // the broker starts the session anew at the sync
 	slices.Sort(assigned)
 	return m.apply(ctx, g, assigned)
+}
+
+// parkedJoin sends a JoinGroup and waits for its answer, at most the
+// rebalance timeout and a session more (the broker answers a parked join
+// within the rebalance timeout). Meanwhile the broker keeps the member
+// alive; an answer proves it alive as of the request.
+func (m *Member) parkedJoin(ctx context.Context, memberID string, protocols []joingroup.RequestProtocol) (*joinResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.RebalanceTimeout+m.cfg.SessionTimeout)
+	defer cancel()
+	m.mu.Lock()
+	m.parked = true
+	m.mu.Unlock()
+	sent := time.Now()
+	res, err := m.joinGroup(ctx, memberID, protocols)
+	m.mu.Lock()
+	m.parked = false
+	m.mu.Unlock()
+	if err == nil {
+		m.markAlive(sent)
+	}
+	return res, err
+}
+
+// revokeBeforeSync gives up everything the member kept across a join
+// whose group went back to the eager protocol (a member that offers only
+// range joined): a range leader assigns without looking at what anyone
+// owns. Its commits could not pass any more (the generation moved on), so
+// the partitions are no longer owned from the start, and the drain only
+// completes or releases their keys; it runs with heartbeats under the new
+// generation, which keep the session, and is cut short at the member's
+// deadline.
+func (m *Member) revokeBeforeSync(prev, g Generation, owned []int) {
+	m.mu.Lock()
+	m.owned = nil
+	m.gen, m.active = Generation{ID: g.ID, MemberID: g.MemberID, Protocol: g.Protocol}, true
+	m.epoch++
+	m.signal()
+	m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), m.deadline())
+	defer cancel()
+	m.h.Revoked(ctx, prev, owned)
+	m.mu.Lock()
+	m.active = false
+	m.epoch++
+	m.mu.Unlock()
+}
+
+// markAlive records t, when a request the broker took as a sign of the
+// member's life was sent.
+func (m *Member) markAlive(t time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if t.After(m.alive) {
+		m.alive = t
+	}
 }
 
 // assign is the leader's part: the plan for every member, by the
@@ -375,7 +459,7 @@ func (m *Member) apply(ctx context.Context, g Generation, assigned []int) error 
 	m.log.Debug("group: generation joined", "group", m.cfg.Group, "generation", g.ID, "protocol", g.Protocol,
 		"assigned", assigned, "revoked", revoked, "added", added)
 	if len(revoked) > 0 {
-		m.h.Revoked(ctx, g, revoked)
+		m.h.Revoked(context.WithoutCancel(ctx), g, revoked)
 		m.setOwned(minus(prev, revoked))
 	}
 	if len(added) > 0 {
@@ -383,10 +467,13 @@ func (m *Member) apply(ctx context.Context, g Generation, assigned []int) error 
 		if err != nil {
 			return err
 		}
-		m.setOwned(assigned)
 		m.mu.Lock()
 		mctx := m.member.ctx
 		m.mu.Unlock()
+		if mctx.Err() != nil {
+			return errMembershipEnded
+		}
+		m.setOwned(assigned)
 		m.h.Assigned(mctx, g, offsets)
 	}
 	if m.cfg.Joined != nil {
