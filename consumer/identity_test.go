@@ -79,7 +79,9 @@ func TestRestartedIdentityWaitsForItsPredecessorsLease(t *testing.T) {
 	r.produce(cmd{"k1", `{"a":1}`, 0})
 	var dead atomic.Bool
 	dying := &dyingBroker{Broker: r.io, dead: &dead, died: make(chan struct{})}
-	cfg := r.config(pol, nil, dying, "process-1")
+	// Both incarnations are named alike, as a library user naming the
+	// process by its pod would: New keeps their owner tokens apart.
+	cfg := r.config(pol, nil, dying, "pod-0")
 	cfg.InstanceID = "pod-0"
 	store := deadStore{Store: r.store, dead: &dead}
 	d, err := dedupe.NewDecider(pol, store)
@@ -101,7 +103,7 @@ func TestRestartedIdentityWaitsForItsPredecessorsLease(t *testing.T) {
 	}
 	leaseLeft := e.LeaseUntil.Sub(e.Now)
 
-	again := r.config(pol, nil, nil, "process-2")
+	again := r.config(pol, nil, nil, "pod-0")
 	again.InstanceID = "pod-0"
 	started := time.Now()
 	stopB := r.start(again)

@@ -59,7 +59,11 @@ type Config struct {
 	Logger  *slog.Logger
 
 	// Instance names this process in owner tokens (default instanceID:
-	// host, pid, a nonce).
+	// host, pid, a nonce). New adds a nonce of its own to a name given
+	// here: an owner token must never pass from one incarnation to the
+	// next, since a key held under a token its owner recognises is
+	// resumed at once, and a static member restarted under its identity
+	// keeps its generation (and a pod keeps its host name and pid 1).
 	Instance string
 	// BatchSize bounds the records decided together (default
 	// DefaultBatchSize; `idemstream run --batch-size`). A
@@ -176,9 +180,14 @@ func StopTimeout(drain time.Duration) time.Duration {
 // nonce, so that no two processes (nor one restarted) ever share a holder.
 func instanceID() string {
 	host, _ := os.Hostname()
-	var nonce [4]byte
-	_, _ = rand.Read(nonce[:])
-	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(nonce[:])
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + nonce()
+}
+
+// nonce is eight random hex digits.
+func nonce() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // Pipeline consumes one input topic as one consumer group member.
@@ -247,6 +256,8 @@ func New(cfg Config) (*Pipeline, error) {
 	}
 	if cfg.Instance == "" {
 		cfg.Instance = instanceID()
+	} else {
+		cfg.Instance += "-" + nonce()
 	}
 	p := &Pipeline{
 		cfg:      cfg,

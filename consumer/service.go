@@ -117,7 +117,6 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 	}
 	s := &Service{log: o.Logger, store: rawStore, closeFn: closeStore, kafka: writer,
 		probe: storeProbe{store: rawStore}, settings: newSettingsCheck(cfg, rawStore, o.Logger, metrics), recheck: o.SettingsRecheck}
-	instance := instanceID()
 	for i, pc := range cfg.Pipelines {
 		pol, err := cfg.Policy(pc)
 		if err != nil {
@@ -138,7 +137,7 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 			Group: cfg.ConsumerGroup(pc), Brokers: cfg.Kafka.Brokers, Dialer: dialer,
 			InstanceID: cfg.Kafka.InstanceID, LeaveOnStop: cfg.Kafka.LeaveOnStop, Assignor: cfg.Kafka.Assignor,
 			Decider: d, Store: store, Broker: io, Handler: o.Handlers[pc.Name], Metrics: metrics, Logger: o.Logger,
-			Instance: instance, SettleWait: o.SettleWait, DrainTimeout: o.DrainTimeout, BatchSize: o.BatchSize,
+			SettleWait: o.SettleWait, DrainTimeout: o.DrainTimeout, BatchSize: o.BatchSize,
 		})
 		if errors.Is(err, errLeaseTooShort) {
 			return fail(&schemas.FieldError{Field: fmt.Sprintf("pipelines[%d].pending_timeout", i), Msg: err.Error()})

@@ -66,7 +66,8 @@
 // at once, commit nothing) and it joins anew. FENCED_INSTANCE_ID means
 // another process joined under this member's instance id: its partitions
 // are lost and Run returns [ErrFenced]. Static membership assumes one
-// process per instance id, which a StatefulSet gives; two processes under
+// process per instance id, which a container restarted in its pod (or a
+// StatefulSet's pod) gives; two processes under
 // one id fence each other, and the one fenced stops.
 //
 // # Two kafka-go defects it works around
