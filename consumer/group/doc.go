@@ -60,15 +60,20 @@
 //
 // # When the member is not what it thought
 //
-// UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION from a heartbeat, or a session's
-// worth of heartbeats that got no answer, means the group has gone on
-// without the member: everything it owned is lost ([Handler.Lost]: stop
-// at once, commit nothing) and it joins anew. FENCED_INSTANCE_ID means
-// another process joined under this member's instance id: its partitions
-// are lost and Run returns [ErrFenced]. Static membership assumes one
-// process per instance id, which a container restarted in its pod (or a
-// StatefulSet's pod) gives; two processes under
-// one id fence each other, and the one fenced stops.
+// UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION from a heartbeat means the group
+// has gone on without the member; so, for the member's own purposes, does
+// no answer from the coordinator for its session less a heartbeat
+// interval (counted from the sending of its last answered heartbeat, join
+// or sync, so that it comes before the broker's own deadline; a JoinGroup
+// waiting at the broker keeps the member). Either ends the membership's
+// context at once, from the heartbeat goroutine, whatever the join loop is
+// doing: the partitions' work stops, commits nothing more, the Handler is
+// told (Lost), and the member joins anew. FENCED_INSTANCE_ID means another
+// process joined under this member's instance id: its partitions are lost
+// and Run returns [ErrFenced]. Static membership assumes one process per
+// instance id, which a container restarted in its pod (or a StatefulSet's
+// pod) gives; two processes under one id fence each other, and the one
+// fenced stops.
 //
 // # Two kafka-go defects it works around
 //
