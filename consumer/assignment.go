@@ -3,8 +3,8 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -81,11 +81,16 @@ func (a *assignment) Revoked(ctx context.Context, _ group.Generation, partitions
 // already, so nothing more is written or committed for them.
 func (a *assignment) Lost(_ group.Generation, partitions []int) {
 	a.p.log.Warn("rebalance: partitions lost (the group gave up on this member); their work stops at once", "partitions", partitions)
+	a.stop(context.Background(), partitions, true)
+	// Not ready until the member is back in a generation.
+	a.p.joined.Store(false)
 	if m := a.p.cfg.Metrics; m != nil {
 		m.partitionsMoved.WithLabelValues(a.p.cfg.Name, "lost").Add(float64(len(partitions)))
 		m.assignedPartitions.WithLabelValues(a.p.cfg.Name).Set(0)
+		for _, partition := range partitions {
+			m.lag.DeleteLabelValues(a.p.cfg.Name, strconv.Itoa(partition))
+		}
 	}
-	a.stop(context.Background(), partitions, true)
 }
 
 func (a *assignment) stop(ctx context.Context, partitions []int, lost bool) {
@@ -157,7 +162,7 @@ func (p *Pipeline) joinedGeneration(info group.JoinInfo) {
 	m.partitionsMoved.WithLabelValues(p.cfg.Name, "revoked").Add(float64(len(info.Revoked)))
 	m.rebalanceSeconds.WithLabelValues(p.cfg.Name).Observe(info.Took.Seconds())
 	for _, partition := range info.Revoked {
-		m.lag.DeleteLabelValues(p.cfg.Name, fmt.Sprint(partition))
+		m.lag.DeleteLabelValues(p.cfg.Name, strconv.Itoa(partition))
 	}
 }
 

@@ -1,8 +1,10 @@
 // Package load holds the throughput and latency runs of idemstream against
 // a strong kafka-go passthrough (./passthrough), on a real Kafka broker and
-// a real redis-server. They are benchmarks, not tests: they run only when
-// asked (IDEMSTREAM_LOAD=1 for make load, IDEMSTREAM_LATENCY=1 for make
-// latency), print their figures, and fail only when a result is wrong
+// a real redis-server, and the crash run (TestCrashLatency: what a member
+// SIGKILLed and restarted costs, against the previous release's binary).
+// They are benchmarks, not tests: they run only when asked
+// (IDEMSTREAM_LOAD=1 for make load, IDEMSTREAM_LATENCY=1 for make latency,
+// IDEMSTREAM_CRASH=1 for make crash-latency), print their figures, and fail only when a result is wrong
 // (a key without exactly one result, a dead letter where none belongs) or
 // a run does not finish in its time bound, never because it was slow.
 //
