@@ -145,17 +145,8 @@ func (r *running) halt() {
 	r.done <- nil // a second halt returns at once
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+// waitFor is the package's waitUntil.
+var waitFor = group.WaitUntil
 
 func owns(r *running, n int) func() bool {
 	return func() bool { o, _, _, _ := r.rec.snapshot(); return len(o) == n && len(r.m.Owned()) == n }
