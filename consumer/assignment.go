@@ -144,10 +144,9 @@ func (c memberCommitter) CommitOffsets(ctx context.Context, offsets map[string]m
 	return c.m.Commit(ctx, offsets[c.topic])
 }
 
-// joined is the member's report of a generation: readiness, the log, and
-// the group metrics.
+// joinedGeneration is the member's report of a generation: readiness, the
+// log, and the group metrics.
 func (p *Pipeline) joinedGeneration(info group.JoinInfo) {
-	p.generation.Store(int32(info.ID))
 	p.joined.Store(true)
 	p.log.Info("rebalance: generation joined", "group", p.cfg.Group, "generation", info.ID, "protocol", info.Protocol,
 		"partitions", info.Assigned, "revoked", info.Revoked, "added", info.Added, "took", info.Took.Round(time.Millisecond))

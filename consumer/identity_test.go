@@ -108,11 +108,12 @@ func TestRestartedIdentityWaitsForItsPredecessorsLease(t *testing.T) {
 	started := time.Now()
 	stopB := r.start(again)
 	defer stopB()
-	// The dead process's write becomes visible a second before the lease
-	// ends.
-	time.Sleep(time.Until(started.Add(leaseLeft - time.Second)))
-	if n := r.resultsPerKey()["k1"]; n != 0 {
-		t.Fatalf("k1 has %d results before its lease ended: the restarted member took it over early", n)
+	// Until a second before the lease ends, k1 must have no result; then
+	// the dead process's write becomes visible.
+	for visible := started.Add(leaseLeft - time.Second); time.Now().Before(visible); time.Sleep(20 * time.Millisecond) {
+		if n := r.resultsPerKey()["k1"]; n != 0 {
+			t.Fatalf("k1 has %d results before its lease ended: the restarted member took it over early", n)
+		}
 	}
 	dying.mu.Lock()
 	if _, err := r.io.Write(context.Background(), dying.sent); err != nil {

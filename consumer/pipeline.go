@@ -198,10 +198,9 @@ type Pipeline struct {
 	policy   dedupe.Policy
 	log      *slog.Logger
 
-	joined     atomic.Bool
-	pausedN    atomic.Int32
-	pauseWhy   atomic.Pointer[string] // the latest pause's cause, for /readyz
-	generation atomic.Int32
+	joined   atomic.Bool
+	pausedN  atomic.Int32
+	pauseWhy atomic.Pointer[string] // the latest pause's cause, for /readyz
 
 	lastBurst atomic.Int64
 	runs      atomic.Int64 // partition runs started, for holder names
@@ -768,7 +767,7 @@ func (p *Pipeline) commit(ctx context.Context, pz *pauser, commit committer, par
 			pz.log.Warn("offset commit failed as the partition was revoked; its records are read again", "offset", next, "err", err)
 			return false
 		}
-		if commitRefused(err) {
+		if group.IsFatal(err) {
 			pz.log.Error("stopping: the group coordinator refuses the offset commit", "offset", next, "err", err)
 			p.stop(fmt.Errorf("commit %s/%d: %w: %w", p.cfg.Input, partition, dedupe.ErrBrokerRefused, err))
 			return false
@@ -783,19 +782,6 @@ func (p *Pipeline) commit(ctx context.Context, pz *pauser, commit committer, par
 			return false
 		}
 	}
-}
-
-// commitRefused: an offset commit no retry can get through.
-func commitRefused(err error) bool {
-	var kerr kafka.Error
-	if !errors.As(err, &kerr) {
-		return false
-	}
-	switch kerr {
-	case kafka.GroupAuthorizationFailed, kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed, kafka.SASLAuthenticationFailed:
-		return true
-	}
-	return false
 }
 
 func (p *Pipeline) setLag(partition int, hw, offset int64, recs []sinks.Fetched) {

@@ -36,7 +36,7 @@ func (m *Member) Commit(ctx context.Context, offsets map[int]int64) error {
 			return nil
 		case ctx.Err() != nil:
 			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
-		case isFatal(err):
+		case IsFatal(err):
 			return err
 		case isGroupError(err):
 			// The generation it was sent under is over: wait for what
@@ -74,9 +74,11 @@ func (m *Member) commitOnce(ctx context.Context, g Generation, offsets map[int]i
 	return nil
 }
 
-// isFatal: a refusal that no retry or rejoin can cure. The member stops
-// (Run returns it) rather than try for ever.
-func isFatal(err error) bool {
+// IsFatal says whether err is a refusal that no retry or rejoin can cure
+// (authorization, a group that cannot take the member): the member stops
+// (Run returns it) rather than try for ever, and so does a caller whose
+// commit it refused.
+func IsFatal(err error) bool {
 	for _, e := range []error{kafka.GroupAuthorizationFailed, kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed,
 		kafka.SASLAuthenticationFailed, kafka.InconsistentGroupProtocol, kafka.InvalidSessionTimeout, kafka.GroupMaxSizeReached} {
 		if errors.Is(err, e) {

@@ -213,11 +213,15 @@ func newFake(t *testing.T, f *fakeCoord, h Handler) *Member {
 func TestMembershipThatEndedDuringARevokeIsLost(t *testing.T) {
 	f := &fakeCoord{protocol: CooperativeSticky}
 	h := &hnd{}
-	runFake(t, f, h)
+	m := runFake(t, f, h)
 	h.mu.Lock()
 	h.onRevoke = func([]int) {
+		// The drain lasts until the member has given itself up.
 		f.hbMode.Store(1)
-		time.Sleep(3500 * time.Millisecond) // a drain longer than the deadline
+		deadline := time.Now().Add(10 * time.Second)
+		for !m.membershipEnded() && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
 		f.hbMode.Store(0)
 	}
 	h.mu.Unlock()
@@ -271,7 +275,12 @@ func TestRevokeBeforeSyncKeepsTheSession(t *testing.T) {
 		defer c()
 		cerr = m.Commit(cctx, map[int]int64{ps[0]: 10})
 		took = time.Since(start)
-		time.Sleep(3 * time.Second) // a drain as long as the session
+		// The drain lasts until five heartbeats went out (3 s at 600 ms:
+		// longer than the session), or gives up after twice that.
+		deadline := time.Now().Add(6 * time.Second)
+		for f.hbCount.Load()-hb0 < 5 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
 		hbDuring = f.hbCount.Load() - hb0
 	}
 	h.mu.Unlock()
@@ -288,8 +297,8 @@ func TestRevokeBeforeSyncKeepsTheSession(t *testing.T) {
 	if !errors.Is(cerr, ErrNotOwned) || took > time.Second {
 		t.Errorf("commit while revoking before the sync: %v after %v, want ErrNotOwned at once", cerr, took)
 	}
-	if hbDuring == 0 {
-		t.Error("no heartbeat during a 3 s drain: the session would end")
+	if hbDuring < 5 {
+		t.Errorf("%d heartbeats during the drain, want 5 (one every 600 ms for longer than the 3 s session)", hbDuring)
 	}
 	if h.wasLost() {
 		t.Error("the member lost its partitions: the drain cost it its membership")

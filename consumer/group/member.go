@@ -205,7 +205,7 @@ func (m *Member) loop(ctx context.Context) error {
 		case errors.Is(err, ErrFenced):
 			m.lose()
 			return err
-		case isFatal(err):
+		case IsFatal(err):
 			m.lose()
 			return err
 		case errors.Is(err, errRejoin), errors.Is(err, kafka.RebalanceInProgress):
