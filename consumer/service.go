@@ -273,8 +273,12 @@ func OpenStore(cfg *schemas.Config, getenv func(string) string) (store dedupe.St
 		if err != nil {
 			return nil, nil, &schemas.FieldError{Field: "store.redis", Msg: err.Error()}
 		}
-		return redisstore.New(client, r.Prefix, redisstore.WithReplicas(r.MinReplicas, r.ReplicaTimeout.D()),
-			redisstore.WithForgetHold(cfg.LongestWindow())), client.Close, nil
+		storeOpts := []redisstore.Option{redisstore.WithReplicas(r.MinReplicas, r.ReplicaTimeout.D()),
+			redisstore.WithForgetHold(cfg.LongestWindow()), redisstore.WithSourceTopics(cfg.Inputs()...)}
+		if r.WritesCompact() {
+			storeOpts = append(storeOpts, redisstore.WithCompactEntries())
+		}
+		return redisstore.New(client, r.Prefix, storeOpts...), client.Close, nil
 	}
 	return nil, nil, &schemas.FieldError{Field: "store.kind", Msg: fmt.Sprintf("unknown store %q", cfg.Store.Kind)}
 }

@@ -2,6 +2,8 @@ package dedupe
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"time"
@@ -32,6 +34,17 @@ type Owner struct {
 
 // Token is the fencing token checked by every completion write.
 func (o Owner) Token() string { return o.Holder + "@" + o.Source }
+
+// HolderDigest is what a store may keep of a finished entry's holder in
+// place of the holder: "#" and the first 8 hex digits of its SHA-1. Only
+// a PENDING entry's holder is acted on (fencing, resuming); a finished
+// entry's is compared with a completion's, which a digest does as well,
+// and shown. A store that keeps the digest gives it back from Lookup;
+// Decide and Complete compare the holder they are given with it.
+func HolderDigest(holder string) string {
+	sum := sha1.Sum([]byte(holder))
+	return "#" + hex.EncodeToString(sum[:4])
+}
 
 // NoPosition marks an intent or result position that was not recorded.
 const NoPosition int64 = -1

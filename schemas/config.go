@@ -111,7 +111,12 @@ type Redis struct {
 	ReplicaTimeout Duration `json:"replica_timeout,omitempty"`
 	// CheckServer is nil when absent: on.
 	CheckServer *bool `json:"check_server,omitempty"`
+	// EntryFormat is text (the default) or compact.
+	EntryFormat string `json:"entry_format,omitempty"`
 }
+
+// WritesCompact reports whether new entries are written compact.
+func (r Redis) WritesCompact() bool { return r.EntryFormat == "compact" }
 
 // ChecksServer reports whether the server's settings are checked at start.
 func (r Redis) ChecksServer() bool { return r.CheckServer == nil || *r.CheckServer }
@@ -200,6 +205,15 @@ func (c *Config) ConsumerGroup(p Pipeline) string {
 		return p.Group
 	}
 	return c.Kafka.Group + "." + p.Name
+}
+
+// Inputs are the pipelines' input topics: the sources of their records.
+func (c *Config) Inputs() []string {
+	topics := make([]string, 0, len(c.Pipelines))
+	for _, p := range c.Pipelines {
+		topics = append(topics, p.Input)
+	}
+	return topics
 }
 
 // LongestWindow is the longest window of the pipelines and routes: how

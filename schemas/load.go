@@ -61,6 +61,7 @@ var OverridableFields = []OverridableField{
 	{Path: "store.kind", Env: "IDEMSTREAM_STORE_KIND", Flag: "store", Help: "state store: redis or memory"},
 	{Path: "store.redis.url", Env: "IDEMSTREAM_REDIS_URL", Flag: "redis-url", Help: "Redis URL (redis:// or rediss://)"},
 	{Path: "store.redis.prefix", Env: "IDEMSTREAM_REDIS_PREFIX", Flag: "redis-prefix", Help: "prefix of every Redis key"},
+	{Path: "store.redis.entry_format", Env: "IDEMSTREAM_REDIS_ENTRY_FORMAT", Flag: "redis-entry-format", Help: "how new entries are written: text or compact"},
 	{Path: "metrics.addr", Env: "IDEMSTREAM_METRICS_ADDR", Flag: "metrics-addr", Help: "listen address of /metrics, /healthz and /readyz"},
 }
 

@@ -143,6 +143,7 @@ func TestRefusedConfigsNameTheField(t *testing.T) {
 		{"zero replica_timeout", minimal + "store: {redis: {min_replicas: 1, replica_timeout: 0s}}\n", "store.redis.replica_timeout", "longer than zero"},
 		{"bad replica_timeout", minimal + "store: {redis: {replica_timeout: soon}}\n", "store.redis.replica_timeout", "not a duration"},
 		{"check_server not a boolean", minimal + "store: {redis: {check_server: maybe}}\n", "store.redis.check_server", "boolean"},
+		{"unknown entry_format", minimal + "store: {redis: {entry_format: binary}}\n", "store.redis.entry_format", "compact"},
 		{"bad sasl", minimal + "kafka: {sasl: {mechanism: md5, username: u, password_env: P}}\n", "kafka.sasl.mechanism", ""},
 		{"no pipelines", "kafka: {group: g}\n", "", "pipelines"},
 		{"empty file", "", "", "empty"},

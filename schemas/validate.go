@@ -21,6 +21,7 @@ const (
 	DefaultAssignor        = "cooperative-sticky"
 	DefaultRedisURL        = "redis://localhost:6379/0"
 	DefaultRedisPrefix     = "idem"
+	DefaultEntryFormat     = "text"
 	DefaultMetricsAddr     = ":9464"
 	DefaultKeyHeader       = "Idempotency-Key"
 	DefaultKeyMaxLength    = 128
@@ -63,6 +64,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Store.Redis.Prefix == "" {
 		c.Store.Redis.Prefix = DefaultRedisPrefix
+	}
+	if c.Store.Redis.EntryFormat == "" {
+		c.Store.Redis.EntryFormat = DefaultEntryFormat
 	}
 	if c.Store.Redis.CheckServer == nil {
 		on := true

@@ -91,14 +91,6 @@ func isSyntaxRefusal(err error) bool {
 	return errors.As(err, &rerr) && strings.Contains(strings.ToLower(err.Error()), "syntax")
 }
 
-// beforeCAS, when set (by a test), runs between completeCAS's read and its
-// writes; beforeReread between its first plan and the read of every entry
-// that a remembered entry's verdict calls for.
-var (
-	beforeCAS    func(names []string)
-	beforeReread func()
-)
-
 // completeCAS finishes comps with SET … IFEQ (see above). It compares each
 // entry with what Decide's SET NX wrote (written.go) where it remembers
 // that, and reads the others, in the round trip that reads the server's
@@ -111,7 +103,7 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 		return nil, err
 	}
 	errs := make([]error, len(comps))
-	order, latest := planCompletions(comps, names, vals, now, errs)
+	order, latest := s.planCompletions(comps, names, vals, now, errs)
 	if len(missing) < len(names) && doubted(names, vals, order, errs) {
 		// A remembered entry is trusted only where it leads to a write,
 		// which the compare checks. When it fences a completion, or finds
@@ -121,14 +113,14 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 		for i := range all {
 			all[i] = i
 		}
-		if beforeReread != nil {
-			beforeReread()
+		if s.hooks.beforeReread != nil {
+			s.hooks.beforeReread()
 		}
 		if now, err = readEntries(ctx, node, names, all, vals); err != nil {
 			return nil, err
 		}
 		clear(errs)
-		order, latest = planCompletions(comps, names, vals, now, errs)
+		order, latest = s.planCompletions(comps, names, vals, now, errs)
 	}
 	if len(order) == 0 {
 		return errs, nil
@@ -139,20 +131,20 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 		*bp = buf[:0]
 		valueBuffers.Put(bp)
 	}()
-	if beforeCAS != nil {
-		beforeCAS(names)
+	if s.hooks.beforeCAS != nil {
+		s.hooks.beforeCAS(names)
 	}
 	sets := make([]*redis.Cmd, len(order))
 	for j, i := range order {
 		e := latest[names[i]]
-		start := len(buf)
-		buf = appendEntry(buf, e)
 		// IFEQ the value read or remembered: the same for every
 		// completion of a name.
 		was := vals[i]
 		if w, ok := was.(*writtenEntry); ok {
 			was = w.raw
 		}
+		start := len(buf)
+		buf = s.appendEntryOver(buf, e, was)
 		sets[j] = redis.NewCmd(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "IFEQ", was, "PXAT", e.RetainUntil().UnixMilli())
 	}
 	chunkErrs, err := s.sendCASChunks(ctx, node, sets)

@@ -151,7 +151,7 @@ func TestCompleteWithSetIfEqFailsOnARefusal(t *testing.T) {
 	if _, err := s.Decide(ctx, reqs); err != nil {
 		t.Fatal(err)
 	}
-	beforeCAS = func([]string) {
+	s.hooks.beforeCAS = func([]string) {
 		renew := reqs[0]
 		renew.RenewOnly = true
 		if _, err := s.Decide(ctx, []dedupe.DecideRequest{renew}); err != nil {
@@ -165,7 +165,6 @@ func TestCompleteWithSetIfEqFailsOnARefusal(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	defer func() { beforeCAS = nil }()
 	if _, err := s.Complete(ctx, comps); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
 		t.Fatalf("Complete over an entry that became a list: %v; want the refusal", err)
 	}
@@ -182,7 +181,7 @@ func TestCompleteWithSetIfEqFallsBackWhenAnEntryChanges(t *testing.T) {
 	taken := mine[casChunk+2]
 	var mu sync.Mutex
 	reads, takeovers, polls := 0, 0, 0
-	beforeCAS = func(names []string) {
+	s.hooks.beforeCAS = func(names []string) {
 		mu.Lock()
 		defer mu.Unlock()
 		reads++
@@ -192,7 +191,6 @@ func TestCompleteWithSetIfEqFallsBackWhenAnEntryChanges(t *testing.T) {
 		_, polls = takeOver(t, s, taken, "holder-b")
 		takeovers++
 	}
-	defer func() { beforeCAS = nil }()
 	comps := successes(mine)
 	// decide.lua and complete.lua loaded before the count: a first
 	// EVALSHA that answers NOSCRIPT counts as a call too.
@@ -317,7 +315,7 @@ func TestCompleteWithSetIfEqComparesWithWhatDecideWrote(t *testing.T) {
 	}
 	// What is remembered of each entry is what its bytes decode to.
 	for name, w := range s.written.cur {
-		e, err := decodeEntry(w.entry.Now.UnixMilli(), w.raw)
+		e, err := decodeEntry(w.entry.Now.UnixMilli(), w.raw, s.readContext(name, w.entry.Owner.Holder, w.entry.RulesDigest, w.entry.Owner.Source))
 		if err != nil || e != w.entry {
 			t.Errorf("%s: remembered %+v, its bytes decode to %+v (%v)", name, w.entry, e, err)
 		}
@@ -461,11 +459,10 @@ func TestCompleteWithSetIfEqDecidesADoubtedCallOnWhatItReads(t *testing.T) {
 	ctx := context.Background()
 	reqs := decideKeys(t, s, 10, 2*time.Second)
 	rereads := 0
-	beforeReread = func() {
+	s.hooks.beforeReread = func() {
 		rereads++
 		takeOver(t, other, reqs[1], "holder-b")
 	}
-	defer func() { beforeReread = nil }()
 	comps := successes(reqs)
 	comps[1].State, comps[1].Result = dedupe.Pending, dedupe.ResultRef{}
 	comps[2].Owner.Holder = "holder-z"

@@ -6,7 +6,8 @@
 -- and the next holder takes it over at once (dedupe.ApplyCompletion).
 --
 -- KEYS[i]  the entry of completion i
--- ARGV     8 values per completion: key, holder, source, state (SUCCESS,
+-- ARGV     dedupe.PendingRetention in ms and "c" to write compact entries
+--          ("t": text), then 8 values per completion: key, holder, source, state (SUCCESS,
 --          FAILED or PENDING), result partition, result offset, failed ttl
 --          ms, keep-at-least ms
 -- returns  per completion: "ok", or "fenced:<state>:<holder>@<source>"
@@ -15,7 +16,9 @@
 -- returns nil when the entry is not that (the general code below decides).
 -- The owner is checked by position: fields never contain the separator.
 local function finish(name, raw, key, holder, source, st, rp, ro, ttl, keep)
-  if st == 'PENDING' or string.find(raw, 'PENDING' .. SEP, 1, true) ~= 1 then return nil end
+  -- A text entry only, written back as text: a store that writes compact
+  -- entries takes the general code, which writes one.
+  if COMPACT or st == 'PENDING' or string.find(raw, 'PENDING' .. SEP, 1, true) ~= 1 then return nil end
   local p = 8 -- the separator after the state
   for _ = 1, 2 do p = string.find(raw, SEP, p + 1, true) end -- after fp, rd
   local owner = holder .. SEP .. source .. SEP
@@ -28,7 +31,7 @@ local function finish(name, raw, key, holder, source, st, rp, ro, ttl, keep)
   end
   if string.sub(raw, at[13] + 1) ~= key then return nil end
   local ex = tonumber(string.sub(raw, at[12] + 1, at[13] - 1))
-  if now >= ex and now >= tonumber(string.sub(raw, at[11] + 1, at[12] - 1)) + PENDING_RETENTION_MS then return nil end
+  if now >= ex and now >= tonumber(string.sub(raw, at[11] + 1, at[12] - 1)) + RETENTION_MS then return nil end
   if st == 'FAILED' then
     ex = now + tonumber(ttl)
   else
@@ -39,15 +42,19 @@ local function finish(name, raw, key, holder, source, st, rp, ro, ttl, keep)
   return 'ok'
 end
 
+RETENTION_MS, COMPACT = tonumber(ARGV[1]), ARGV[2] == 'c'
 local out = {}
 for i = 1, #KEYS do
-  local b = (i - 1) * 8
+  local b = 2 + (i - 1) * 8
   local name = KEYS[i]
   local st = ARGV[b + 4]
   local raw = redis.call('GET', name)
   local done = raw and finish(name, raw, ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], st, ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8])
   local e = nil
-  if not done then e = load(name) end
+  if not done then
+    local source = ARGV[b + 3]
+    e = load(name, {key = ARGV[b + 1], holder = ARGV[b + 2], topic = string.match(source, '^(.*)/[^/]*/[^/]*$')})
+  end
   if done then
     out[i] = done
   elseif e == nil or e.k ~= ARGV[b + 1] or now >= retain_until(e) then

@@ -55,7 +55,7 @@ func TestCompleteFallsBackToTheScriptWhenAnEntryChanges(t *testing.T) {
 	takenName := s.redisKey("p", taken.Key)
 	var mu sync.Mutex
 	var execs, takeovers int
-	beforeExec = func(names []string) {
+	s.hooks.beforeExec = func(names []string) {
 		mu.Lock()
 		defer mu.Unlock()
 		execs++
@@ -73,7 +73,6 @@ func TestCompleteFallsBackToTheScriptWhenAnEntryChanges(t *testing.T) {
 		}
 		takeovers++
 	}
-	defer func() { beforeExec = nil }()
 	var comps []dedupe.Completion
 	for i, r := range mine {
 		comps = append(comps, dedupe.Completion{Namespace: "p", Key: r.Key, Owner: r.Owner, State: dedupe.Success,
@@ -317,7 +316,7 @@ func TestDecideKeepsAKeysRecordsOnOneState(t *testing.T) {
 	for i := range fastPathMin {
 		batch = append(batch, req(fmt.Sprintf("x%d", i), 10+i))
 	}
-	afterDecideRead = func() {
+	s.hooks.afterDecideRead = func() {
 		errs, err := s.Complete(ctx, []dedupe.Completion{{Namespace: "p", Key: "K", Owner: first.Owner, State: dedupe.Failed,
 			Result: dedupe.ResultRef{Partition: -1, Offset: dedupe.NoPosition}, FailedTTL: time.Minute}})
 		if err != nil || errs[0] != nil {
@@ -325,7 +324,6 @@ func TestDecideKeepsAKeysRecordsOnOneState(t *testing.T) {
 		}
 		time.Sleep(readMargin/2 + 50*time.Millisecond) // the read is now too old for K's later record
 	}
-	defer func() { afterDecideRead = nil }()
 	decs, err := s.Decide(ctx, batch)
 	if err != nil {
 		t.Fatal(err)

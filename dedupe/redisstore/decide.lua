@@ -4,8 +4,9 @@
 -- the cost of a script call dwarfs the cost of one decision.
 --
 -- KEYS[i]  the entry of record i
--- ARGV     5 values shared by the batch: semantics, window ms, lease ms,
---          holder, rules digest; then 7 per record: key, fingerprint,
+-- ARGV     7 values shared by the batch: semantics, window ms, lease ms,
+--          holder, rules digest, dedupe.PendingRetention in ms, "c" to
+--          write compact entries ("t": text); then 7 per record: key, fingerprint,
 --          source, intent partition, intent floor, event time ms ("" for
 --          the store clock), final ("0" or "1", plus 2 when the caller
 --          checked the first copy under the current rules: "2", "3";
@@ -14,17 +15,19 @@
 --          a string of four digits: resumed, rerun, mismatch, rules changed,
 --          and entry is "" for a new entry (the caller rebuilds it)
 local sem, window, lease, holder, rd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+RETENTION_MS, COMPACT = tonumber(ARGV[6]), ARGV[7] == 'c'
 local out = {tostring(now)}
 local lu, nex = tostring(now + lease), tostring(now + window)
 
 local function decide(name, key, fp, source, ip, ifl, event, final)
   local clock = now
   if event ~= '' then clock = tonumber(event) end
+  local ctx = {key = key, holder = holder, rd = rd, topic = string.match(source, '^(.*)/[^/]*/[^/]*$')}
 
   -- final 'r': a renewal (dedupe.DecideRequest.RenewOnly) extends only the
   -- lease its owner holds, and changes nothing else.
   if final == 'r' then
-    local e, raw = load(name)
+    local e, raw = load(name, ctx)
     if e and e.k == key and e.s == 'PENDING' and e.oh == holder and e.os == source and now < retain_until(e) then
       e.lu = lu
       return 'first', '1000', save(name, e)
@@ -33,14 +36,14 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
   end
 
   -- Most records carry a new key: one SET NX decides them.
-  local fresh = table.concat({'PENDING', fp, rd, holder, source, source, ip, ifl, '-1', '-1',
-    tostring(clock), lu, nex, key}, SEP)
-  local keep = math.max(now + window, now + lease + PENDING_RETENTION_MS)
+  local fresh = encode({s = 'PENDING', fp = fp, rd = rd, oh = holder, os = source, fs = source, ip = ip, ifl = ifl,
+    rp = '-1', ro = '-1', ws = tostring(clock), lu = lu, ex = nex, k = key})
+  local keep = math.max(now + window, now + lease + RETENTION_MS)
   if redis.call('SET', name, fresh, 'NX', 'PXAT', keep) then
     return 'first', '0000', ''
   end
 
-  local e, raw = load(name)
+  local e, raw = load(name, ctx)
   if e then
     if e.k ~= key then
       return 'error', '0000', 'entry ' .. name .. ' holds another key'
@@ -107,7 +110,7 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
 end
 
 for i = 1, #KEYS do
-  local b = 5 + (i - 1) * 7
+  local b = 7 + (i - 1) * 7
   local verdict, flags, entry = decide(KEYS[i], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
     ARGV[b + 5], ARGV[b + 6], ARGV[b + 7])
   out[#out + 1] = verdict

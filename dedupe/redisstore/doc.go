@@ -9,18 +9,24 @@
 // are a cluster hash tag: every script touches one key, hence one slot. An
 // idempotency key longer than 64 bytes is replaced in the name by its
 // SHA-256; the original is kept in the value and checked on every access.
-// The value is its fields in a fixed order separated by \x1f, the key
-// last (see entry.lua; appendEntry and parseEntry are its Go twins): a
-// string costs a third of the memory of a hash whose values exceed
-// Redis's listpack limit, as fingerprints do. The key expires (PXAT) when
-// the window, or failed_ttl, ends.
+// The key expires (PXAT) when the window, or failed_ttl, ends.
 //
-// A SUCCESS entry with a UUID key, 71-character fingerprint and rules
-// digest and typical holder and source strings takes about 490 bytes by
-// MEMORY USAGE (TestMemoryPerEntry) and grows INFO used_memory by about
-// 550 bytes once its keyspace and expiry slots count
-// (TestMemoryPerKeyInUsedMemory), so a window that sees one million keys
-// needs about 550 MB.
+// The value is an entry in one of two formats, told apart by its first
+// byte; every path reads both:
+//   - text (entry.go, entry.lua): its fields in a fixed order separated by
+//     \x1f, the key last. A string costs a third of the memory of a hash
+//     whose values exceed Redis's listpack limit, as fingerprints do. A
+//     SUCCESS entry grows INFO used_memory by about 545 bytes
+//     (BenchmarkUsedMemoryPerKey, a million keys).
+//   - compact (compact.go, entry.lua), written with WithCompactEntries:
+//     binary fields, a hash where a reader brings the value (the holder of
+//     a finished key, the topic of a source, most of the rules digest),
+//     the key left to the name: about 241 bytes per SUCCESS entry. An
+//     entry read compact is written back compact by every store, since a
+//     text entry would keep the hashes as they read.
+//
+// A release before the compact format reads a compact entry as no entry;
+// docs/operations.md says how to move a deployment to it.
 //
 // # Batches
 //

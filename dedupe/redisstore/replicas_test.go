@@ -124,56 +124,6 @@ func TestUnacknowledgedWriteIsNotADecision(t *testing.T) {
 	}
 }
 
-// TestMemoryPerKeyInUsedMemory measures what sizing maxmemory needs: the
-// growth of INFO used_memory per SUCCESS entry over many keys, which adds
-// to MEMORY USAGE the key's slots in the keyspace and expiry tables.
-func TestMemoryPerKeyInUsedMemory(t *testing.T) {
-	srv := testenv.StartRedis(t, testenv.RedisConfig{})
-	c := client(t, srv.Addr)
-	s := redisstore.New(c, "idem")
-	ctx := context.Background()
-	used := func() int64 {
-		info, err := c.Info(ctx, "memory").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				return n
-			}
-		}
-		t.Fatal("no used_memory in INFO memory")
-		return 0
-	}
-	const keys, batch = 50000, 500
-	before := used()
-	for start := 0; start < keys; start += batch {
-		reqs := make([]dedupe.DecideRequest, batch)
-		comps := make([]dedupe.Completion, batch)
-		for i := range reqs {
-			n := start + i
-			reqs[i] = decideReq(fmt.Sprintf("9f8a2c1d-3e4f-4a5b-8c6d-%012d", n), "host-7f9c/gen-12/coupon.claim.commands/3")
-			reqs[i].Fingerprint, reqs[i].RulesDigest = benchFingerprint, benchDigest
-			reqs[i].Owner.Source = "coupon.claim.commands/3/" + strconv.Itoa(18446744+n)
-			reqs[i].Intent = dedupe.Intent{Partition: 5, Floor: 1234567}
-			reqs[i].Window = 10 * time.Minute
-			comps[i] = dedupe.Completion{Namespace: "p", Key: reqs[i].Key, Owner: reqs[i].Owner, State: dedupe.Success, Result: dedupe.ResultRef{Partition: 5, Offset: int64(1234590 + n)}}
-		}
-		if _, err := s.Decide(ctx, reqs); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Complete(ctx, comps); err != nil {
-			t.Fatal(err)
-		}
-	}
-	per := float64(used()-before) / keys
-	t.Logf("used_memory grew by %.0f bytes per SUCCESS entry over %d keys", per, keys)
-	if per > 700 {
-		t.Errorf("%.0f bytes per entry; the README sizes maxmemory with about 550", per)
-	}
-}
-
 // With maxmemory-policy noeviction a full server refuses writes (OOM)
 // instead of evicting decisions: a retryable store error, so that the
 // partition pauses until entries expire, never a fatal one.

@@ -15,6 +15,8 @@ package storetest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -72,12 +74,41 @@ var (
 	holderB = "instance-b/gen-1/commands/1"
 )
 
+// Fingerprints and rules digests as the pipeline makes them, so that a
+// store that keeps them in binary is held to giving them back.
+var (
+	fpA, fpB, fpOther = digest("a"), digest("b"), digest("other")
+	rules1, rules2    = digest("rules-1"), digest("rules-2")
+)
+
+// SourceTopics and RulesDigests are the topics of the suite's records and
+// the rules digests of its requests, for a store that keeps only hashes
+// of them and must be told them to give them back from Lookup.
+var (
+	SourceTopics = []string{"commands"}
+	RulesDigests = []string{rules1, rules2}
+)
+
+func digest(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// sameOwner reports whether e is owned by o: a store may keep a finished
+// entry's holder as its dedupe.HolderDigest.
+func sameOwner(e dedupe.Entry, o dedupe.Owner) bool {
+	if e.Owner == o {
+		return true
+	}
+	return e.State != dedupe.Pending && e.Owner.Source == o.Source && e.Owner.Holder == dedupe.HolderDigest(o.Holder)
+}
+
 func req(key, fp string, sem dedupe.Semantics, holder, source string) dedupe.DecideRequest {
 	return dedupe.DecideRequest{
 		Namespace:   "conformance",
 		Key:         key,
 		Fingerprint: fp,
-		RulesDigest: "sha256:rules-1",
+		RulesDigest: rules1,
 		Semantics:   sem,
 		Window:      window,
 		Lease:       lease,
@@ -194,7 +225,7 @@ type testCase struct {
 
 var cases = []testCase{
 	{"FirstCreatesPendingWithIntent", func(t *testing.T, h Harness, d *driver) {
-		r := req("k1", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		r := req("k1", fpA, dedupe.Strict, holderA, "commands/0/10")
 		dec := d.one(r, dedupe.VerdictFirst)
 		if dec.Resumed || dec.Rerun || dec.Mismatch || dec.RulesChanged {
 			t.Errorf("fresh first carries flags: %+v", dec)
@@ -203,7 +234,7 @@ var cases = []testCase{
 		if !ok {
 			t.Fatal("no entry after first")
 		}
-		if e.State != dedupe.Pending || e.Fingerprint != "sha256:a" || e.RulesDigest != "sha256:rules-1" ||
+		if e.State != dedupe.Pending || e.Fingerprint != fpA || e.RulesDigest != rules1 ||
 			e.Owner != r.Owner || e.FirstSource != "commands/0/10" || e.Intent != r.Intent {
 			t.Errorf("stored entry = %+v", e)
 		}
@@ -218,36 +249,36 @@ var cases = []testCase{
 		}
 	}},
 	{"CompleteStoresResultAndReplays", func(t *testing.T, h Harness, d *driver) {
-		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(r, dedupe.VerdictFirst)
 		d.mustComplete(complete(r, dedupe.Success, 777))
 		e, _ := d.lookup("k")
 		if e.State != dedupe.Success || e.Result != (dedupe.ResultRef{Partition: 2, Offset: 777}) {
 			t.Errorf("after complete: %+v", e)
 		}
-		dec := d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictReplay)
+		dec := d.one(req("k", fpA, dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictReplay)
 		if dec.Mismatch || dec.Entry.Result.Offset != 777 || dec.Entry.FirstSource != "commands/0/10" {
 			t.Errorf("replay decision = %+v", dec)
 		}
 	}},
 	{"StrictConflictLeavesStateUnchanged", func(t *testing.T, h Harness, d *driver) {
-		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(r, dedupe.VerdictFirst)
 		d.mustComplete(complete(r, dedupe.Success, 1))
-		dec := d.one(req("k", "sha256:b", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictConflict)
-		if !dec.Mismatch || dec.Entry.Fingerprint != "sha256:a" || dec.Entry.FirstSource != "commands/0/10" {
+		dec := d.one(req("k", fpB, dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictConflict)
+		if !dec.Mismatch || dec.Entry.Fingerprint != fpA || dec.Entry.FirstSource != "commands/0/10" {
 			t.Errorf("conflict evidence = %+v", dec)
 		}
 		e, _ := d.lookup("k")
-		if e.Fingerprint != "sha256:a" || e.State != dedupe.Success {
+		if e.Fingerprint != fpA || e.State != dedupe.Success {
 			t.Errorf("conflict changed state: %+v", e)
 		}
 	}},
 	{"LenientMismatchIsReplay", func(t *testing.T, h Harness, d *driver) {
-		r := req("k", "sha256:a", dedupe.Lenient, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Lenient, holderA, "commands/0/10")
 		d.one(r, dedupe.VerdictFirst)
 		d.mustComplete(complete(r, dedupe.Success, 1))
-		dec := d.one(req("k", "sha256:b", dedupe.Lenient, holderB, "commands/1/5"), dedupe.VerdictReplay)
+		dec := d.one(req("k", fpB, dedupe.Lenient, holderB, "commands/1/5"), dedupe.VerdictReplay)
 		if !dec.Mismatch {
 			t.Error("lenient replay of another body not marked as mismatch")
 		}
@@ -255,59 +286,59 @@ var cases = []testCase{
 	{"WindowEndsAndKeyIsNewAgain", func(t *testing.T, h Harness, d *driver) {
 		for _, sem := range []dedupe.Semantics{dedupe.Strict, dedupe.Lenient, dedupe.Window} {
 			key := "k-" + string(sem)
-			r := req(key, "sha256:a", sem, holderA, "commands/0/10")
+			r := req(key, fpA, sem, holderA, "commands/0/10")
 			d.one(r, dedupe.VerdictFirst)
 			d.mustComplete(complete(r, dedupe.Success, 1))
-			d.one(req(key, "sha256:b", sem, holderB, "commands/1/5"), map[dedupe.Semantics]dedupe.Verdict{
+			d.one(req(key, fpB, sem, holderB, "commands/1/5"), map[dedupe.Semantics]dedupe.Verdict{
 				dedupe.Strict: dedupe.VerdictConflict, dedupe.Lenient: dedupe.VerdictReplay, dedupe.Window: dedupe.VerdictReplay,
 			}[sem])
 		}
 		h.Advance(window + slack)
 		for _, sem := range []dedupe.Semantics{dedupe.Strict, dedupe.Lenient, dedupe.Window} {
-			dec := d.one(req("k-"+string(sem), "sha256:b", sem, holderB, "commands/1/6"), dedupe.VerdictFirst)
+			dec := d.one(req("k-"+string(sem), fpB, sem, holderB, "commands/1/6"), dedupe.VerdictFirst)
 			if dec.Resumed || dec.Rerun {
 				t.Errorf("%s: a key past its window is new, got %+v", sem, dec)
 			}
 		}
 	}},
 	{"RulesChangedIsReplayNotConflict", func(t *testing.T, h Harness, d *driver) {
-		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(r, dedupe.VerdictFirst)
 		d.mustComplete(complete(r, dedupe.Success, 1))
-		r2 := req("k", "sha256:b", dedupe.Strict, holderB, "commands/1/5")
-		r2.RulesDigest = "sha256:rules-2"
+		r2 := req("k", fpB, dedupe.Strict, holderB, "commands/1/5")
+		r2.RulesDigest = rules2
 		dec := d.one(r2, dedupe.VerdictReplay)
 		if !dec.RulesChanged {
 			t.Error("replay under changed rules not flagged RulesChanged")
 		}
 	}},
 	{"FailedReruns", func(t *testing.T, h Harness, d *driver) {
-		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(r, dedupe.VerdictFirst)
 		d.mustComplete(complete(r, dedupe.Failed, dedupe.NoPosition))
 		if e, _ := d.lookup("k"); e.State != dedupe.Failed {
 			t.Fatalf("state after failure = %s", e.State)
 		}
-		d.one(req("k", "sha256:other", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictConflict)
-		r2 := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/6")
+		d.one(req("k", fpOther, dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictConflict)
+		r2 := req("k", fpA, dedupe.Strict, holderB, "commands/1/6")
 		dec := d.one(r2, dedupe.VerdictFirst)
 		if !dec.Rerun || dec.Entry.Owner != r2.Owner {
 			t.Errorf("rerun decision = %+v", dec)
 		}
 		d.mustComplete(complete(r2, dedupe.Success, 9))
-		d.one(req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/11"), dedupe.VerdictReplay)
+		d.one(req("k", fpA, dedupe.Strict, holderA, "commands/0/11"), dedupe.VerdictReplay)
 	}},
 	{"FailedLenientRerunsAnyBody", func(t *testing.T, h Harness, d *driver) {
-		r := req("k", "sha256:a", dedupe.Lenient, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Lenient, holderA, "commands/0/10")
 		d.one(r, dedupe.VerdictFirst)
 		d.mustComplete(complete(r, dedupe.Failed, dedupe.NoPosition))
-		dec := d.one(req("k", "sha256:b", dedupe.Lenient, holderB, "commands/1/5"), dedupe.VerdictFirst)
-		if !dec.Rerun || dec.Entry.Fingerprint != "sha256:b" {
+		dec := d.one(req("k", fpB, dedupe.Lenient, holderB, "commands/1/5"), dedupe.VerdictFirst)
+		if !dec.Rerun || dec.Entry.Fingerprint != fpB {
 			t.Errorf("lenient rerun = %+v", dec)
 		}
 	}},
 	{"FailedExpiresAfterTTL", func(t *testing.T, h Harness, d *driver) {
-		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(r, dedupe.VerdictFirst)
 		c := complete(r, dedupe.Failed, dedupe.NoPosition)
 		c.FailedTTL = lease
@@ -316,22 +347,22 @@ var cases = []testCase{
 		if _, ok := d.lookup("k"); ok {
 			t.Error("failed entry still stored after failed_ttl")
 		}
-		dec := d.one(req("k", "sha256:b", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictFirst)
+		dec := d.one(req("k", fpB, dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictFirst)
 		if dec.Rerun {
 			t.Error("a key past failed_ttl is new, not a rerun")
 		}
 	}},
 	{"PendingElsewhereWaitsThenDecides", func(t *testing.T, h Harness, d *driver) {
-		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(r, dedupe.VerdictFirst)
-		other := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		other := req("k", fpA, dedupe.Strict, holderB, "commands/1/5")
 		dec := d.one(other, dedupe.VerdictPending)
 		if left := dec.Entry.LeaseUntil.Sub(dec.Entry.Now); left <= 0 {
 			t.Errorf("pending decision shows no lease left: %v", left)
 		}
 		other.Final = true
 		d.one(other, dedupe.VerdictReplay)
-		bad := req("k", "sha256:b", dedupe.Strict, holderB, "commands/1/6")
+		bad := req("k", fpB, dedupe.Strict, holderB, "commands/1/6")
 		bad.Final = true
 		d.one(bad, dedupe.VerdictConflict)
 		if e, _ := d.lookup("k"); e.Owner != r.Owner || e.State != dedupe.Pending {
@@ -340,9 +371,9 @@ var cases = []testCase{
 	}},
 	{"SameHolderDecidesAgainstItsOwnPending", func(t *testing.T, h Harness, d *driver) {
 		decs := d.decide(
-			req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10"),
-			req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/11"),
-			req("k", "sha256:b", dedupe.Strict, holderA, "commands/0/12"),
+			req("k", fpA, dedupe.Strict, holderA, "commands/0/10"),
+			req("k", fpA, dedupe.Strict, holderA, "commands/0/11"),
+			req("k", fpB, dedupe.Strict, holderA, "commands/0/12"),
 		)
 		want := []dedupe.Verdict{dedupe.VerdictFirst, dedupe.VerdictReplay, dedupe.VerdictConflict}
 		for i, w := range want {
@@ -352,7 +383,7 @@ var cases = []testCase{
 		}
 	}},
 	{"RedeliveryToSameOwnerResumes", func(t *testing.T, h Harness, d *driver) {
-		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(r, dedupe.VerdictFirst)
 		again := r
 		again.Intent = dedupe.Intent{Partition: 2, Floor: 150}
@@ -362,10 +393,10 @@ var cases = []testCase{
 		}
 	}},
 	{"ExpiredLeaseIsTakenOverAndOldOwnerFenced", func(t *testing.T, h Harness, d *driver) {
-		old := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		old := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(old, dedupe.VerdictFirst)
 		h.Advance(lease + slack)
-		taker := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		taker := req("k", fpA, dedupe.Strict, holderB, "commands/1/5")
 		taker.Intent = dedupe.Intent{Partition: 2, Floor: 300}
 		dec := d.one(taker, dedupe.VerdictFirst)
 		if !dec.Resumed || dec.Entry.Owner != taker.Owner || dec.Entry.Intent.Floor != 100 ||
@@ -377,7 +408,7 @@ var cases = []testCase{
 			t.Errorf("stale owner's completion: %v, want ErrFenced", err)
 		}
 		d.mustComplete(complete(taker, dedupe.Success, 2))
-		if e, _ := d.lookup("k"); e.Result.Offset != 2 || e.Owner != taker.Owner {
+		if e, _ := d.lookup("k"); e.Result.Offset != 2 || !sameOwner(e, taker.Owner) {
 			t.Errorf("after takeover completion: %+v", e)
 		}
 		if err := d.complete(complete(taker, dedupe.Success, 3)); !errors.Is(err, dedupe.ErrFenced) {
@@ -392,9 +423,9 @@ var cases = []testCase{
 		// and its record reaches the next holder: it must not be a replay,
 		// even once the waiter has given up (Final), or the key never gets
 		// a result.
-		old := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		old := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(old, dedupe.VerdictFirst)
-		next := req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10")
+		next := req("k", fpA, dedupe.Strict, holderB, "commands/0/10")
 		next.Intent = dedupe.Intent{Partition: 2, Floor: 300}
 		d.one(next, dedupe.VerdictPending)
 		next.Final = true
@@ -406,9 +437,9 @@ var cases = []testCase{
 		}
 	}},
 	{"ReleasedKeyIsTakenOverAtOnce", func(t *testing.T, h Harness, d *driver) {
-		old := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		old := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(old, dedupe.VerdictFirst)
-		stranger := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		stranger := req("k", fpA, dedupe.Strict, holderB, "commands/1/5")
 		rel := complete(stranger, dedupe.Pending, dedupe.NoPosition)
 		if err := d.complete(rel); !errors.Is(err, dedupe.ErrFenced) {
 			t.Errorf("release by a holder that does not own the key: %v, want ErrFenced", err)
@@ -418,7 +449,7 @@ var cases = []testCase{
 		if !ok || e.State != dedupe.Pending || e.LeaseUntil.After(e.Now) || e.Intent.Floor != 100 {
 			t.Fatalf("after release: %+v (found %v), want PENDING, lease over, intent kept", e, ok)
 		}
-		next := req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10")
+		next := req("k", fpA, dedupe.Strict, holderB, "commands/0/10")
 		dec := d.one(next, dedupe.VerdictFirst)
 		if !dec.Resumed || dec.Entry.Owner != next.Owner {
 			t.Errorf("after release = %+v, want Resumed by the next holder at once", dec)
@@ -430,7 +461,7 @@ var cases = []testCase{
 	{"PendingOutlivesItsWindow", func(t *testing.T, h Harness, d *driver) {
 		// Redis or the output was away for longer than the window: the
 		// owner still completes, and its own record is then a replay.
-		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(r, dedupe.VerdictFirst)
 		h.Advance(window + slack)
 		if e, ok := d.lookup("k"); !ok || e.State != dedupe.Pending {
@@ -439,9 +470,9 @@ var cases = []testCase{
 		c := complete(r, dedupe.Success, 5)
 		c.KeepAtLeast = window
 		d.mustComplete(c)
-		again := req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10")
+		again := req("k", fpA, dedupe.Strict, holderB, "commands/0/10")
 		d.one(again, dedupe.VerdictReplay)
-		d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/6"), dedupe.VerdictFirst)
+		d.one(req("k", fpA, dedupe.Strict, holderB, "commands/1/6"), dedupe.VerdictFirst)
 	}},
 	{"PendingIsForgottenADayAfterItsLease", func(t *testing.T, h Harness, d *driver) {
 		// dedupe.PendingRetention: a PENDING entry outlives its lease by
@@ -449,7 +480,7 @@ var cases = []testCase{
 		if !h.Simulated {
 			t.Skip("the store's clock is real: a day cannot pass here")
 		}
-		d.one(req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)
+		d.one(req("k", fpA, dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)
 		h.Advance(lease + dedupe.PendingRetention - slack)
 		if e, ok := d.lookup("k"); !ok || e.State != dedupe.Pending {
 			t.Fatalf("PENDING entry just under a day past its lease: %+v (found %v), want kept", e, ok)
@@ -458,7 +489,7 @@ var cases = []testCase{
 		if e, ok := d.lookup("k"); ok {
 			t.Fatalf("PENDING entry a day past its lease: %+v, want forgotten", e)
 		}
-		dec := d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictFirst)
+		dec := d.one(req("k", fpA, dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictFirst)
 		if dec.Resumed {
 			t.Errorf("a key forgotten a day after its lease = %+v, want new, not resumed", dec)
 		}
@@ -466,7 +497,7 @@ var cases = []testCase{
 	{"CompletionAgainMayKeepLonger", func(t *testing.T, h Harness, d *driver) {
 		// An abandoned batch completes again, asking for a longer keep,
 		// a key it completed before: granted, nothing else changes.
-		r := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(r, dedupe.VerdictFirst)
 		c := complete(r, dedupe.Success, 5)
 		c.KeepAtLeast = window
@@ -481,56 +512,56 @@ var cases = []testCase{
 	{"FailedOwnRecordIsAReplay", func(t *testing.T, h Harness, d *driver) {
 		// The record whose decision failed, delivered again before its
 		// offset was committed, has had its outcome (the dead letter).
-		a := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		a := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(a, dedupe.VerdictFirst)
 		d.mustComplete(complete(a, dedupe.Failed, -1))
-		d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10"), dedupe.VerdictReplay)
-		b := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		d.one(req("k", fpA, dedupe.Strict, holderB, "commands/0/10"), dedupe.VerdictReplay)
+		b := req("k", fpA, dedupe.Strict, holderB, "commands/1/5")
 		if dec := d.one(b, dedupe.VerdictFirst); !dec.Rerun {
 			t.Errorf("another copy of a FAILED key = %+v, want a rerun", dec)
 		}
 		// The rerun fails too: the first copy, delivered again, is still
 		// a replay.
 		d.mustComplete(complete(b, dedupe.Failed, -1))
-		d.one(req("k", "sha256:a", dedupe.Strict, holderB, "commands/0/10"), dedupe.VerdictReplay)
+		d.one(req("k", fpA, dedupe.Strict, holderB, "commands/0/10"), dedupe.VerdictReplay)
 	}},
 	{"RulesChangeActsOnlyOnceChecked", func(t *testing.T, h Harness, d *driver) {
 		// Under changed rules a mismatch may be a replay (the caller
 		// checks it), but it reruns a FAILED key or takes a PENDING one
 		// over only once the caller has checked the first copy.
 		newRules := func(r dedupe.DecideRequest, checked bool) dedupe.DecideRequest {
-			r.RulesDigest, r.RulesChecked = "sha256:rules-2", checked
+			r.RulesDigest, r.RulesChecked = rules2, checked
 			return r
 		}
-		failed := req("f", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		failed := req("f", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(failed, dedupe.VerdictFirst)
 		d.mustComplete(complete(failed, dedupe.Failed, -1))
-		if dec := d.one(newRules(req("f", "sha256:b", dedupe.Strict, holderB, "commands/1/5"), false), dedupe.VerdictConflict); !dec.RulesChanged || !dec.Mismatch {
+		if dec := d.one(newRules(req("f", fpB, dedupe.Strict, holderB, "commands/1/5"), false), dedupe.VerdictConflict); !dec.RulesChanged || !dec.Mismatch {
 			t.Errorf("unchecked rerun under new rules = %+v, want a conflict flagged RulesChanged and Mismatch", dec)
 		}
-		if dec := d.one(newRules(req("f", "sha256:b", dedupe.Strict, holderB, "commands/1/5"), true), dedupe.VerdictFirst); !dec.Rerun {
+		if dec := d.one(newRules(req("f", fpB, dedupe.Strict, holderB, "commands/1/5"), true), dedupe.VerdictFirst); !dec.Rerun {
 			t.Errorf("checked rerun under new rules = %+v, want a rerun", dec)
 		}
 
-		pending := req("p", "sha256:a", dedupe.Strict, holderA, "commands/0/11")
+		pending := req("p", fpA, dedupe.Strict, holderA, "commands/0/11")
 		d.one(pending, dedupe.VerdictFirst)
 		h.Advance(lease + slack)
-		d.one(newRules(req("p", "sha256:b", dedupe.Strict, holderB, "commands/1/6"), false), dedupe.VerdictConflict)
-		if dec := d.one(newRules(req("p", "sha256:b", dedupe.Strict, holderB, "commands/1/6"), true), dedupe.VerdictFirst); !dec.Resumed {
+		d.one(newRules(req("p", fpB, dedupe.Strict, holderB, "commands/1/6"), false), dedupe.VerdictConflict)
+		if dec := d.one(newRules(req("p", fpB, dedupe.Strict, holderB, "commands/1/6"), true), dedupe.VerdictFirst); !dec.Resumed {
 			t.Errorf("checked takeover under new rules = %+v, want resumed", dec)
 		}
 
-		done := req("s", "sha256:a", dedupe.Strict, holderA, "commands/0/12")
+		done := req("s", fpA, dedupe.Strict, holderA, "commands/0/12")
 		d.one(done, dedupe.VerdictFirst)
 		d.mustComplete(complete(done, dedupe.Success, 7))
-		if dec := d.one(newRules(req("s", "sha256:b", dedupe.Strict, holderB, "commands/1/7"), false), dedupe.VerdictReplay); !dec.RulesChanged {
+		if dec := d.one(newRules(req("s", fpB, dedupe.Strict, holderB, "commands/1/7"), false), dedupe.VerdictReplay); !dec.RulesChanged {
 			t.Errorf("a mismatch under new rules on SUCCESS = %+v, want a replay flagged RulesChanged", dec)
 		}
 	}},
 	{"PendingPastItsWindowIsResumedNotNew", func(t *testing.T, h Harness, d *driver) {
-		d.one(req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)
+		d.one(req("k", fpA, dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)
 		h.Advance(window + slack)
-		taker := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		taker := req("k", fpA, dedupe.Strict, holderB, "commands/1/5")
 		taker.Intent = dedupe.Intent{Partition: 2, Floor: 300}
 		dec := d.one(taker, dedupe.VerdictFirst)
 		if !dec.Resumed || dec.Entry.Intent.Floor != 100 {
@@ -539,24 +570,24 @@ var cases = []testCase{
 	}},
 	{"RenewalNeverTakesOverNorCreates", func(t *testing.T, h Harness, d *driver) {
 		renew := func(r dedupe.DecideRequest) dedupe.DecideRequest { r.RenewOnly = true; return r }
-		a := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		a := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		d.one(a, dedupe.VerdictFirst)
 		if dec := d.one(renew(a), dedupe.VerdictFirst); !dec.Resumed {
 			t.Errorf("owner's renewal = %+v, want Resumed", dec)
 		}
 		h.Advance(lease + slack)
-		b := req("k", "sha256:a", dedupe.Strict, holderB, "commands/1/5")
+		b := req("k", fpA, dedupe.Strict, holderB, "commands/1/5")
 		d.one(b, dedupe.VerdictFirst)
 		// The old owner wakes up and renews: lost, and the entry stays B's.
 		d.one(renew(a), dedupe.VerdictPending)
-		if e, _ := d.lookup("k"); e.Owner != b.Owner {
+		if e, _ := d.lookup("k"); !sameOwner(e, b.Owner) {
 			t.Errorf("a stale renewal changed the owner: %+v", e)
 		}
-		d.one(renew(req("absent", "sha256:a", dedupe.Strict, holderA, "commands/0/11")), dedupe.VerdictPending)
+		d.one(renew(req("absent", fpA, dedupe.Strict, holderA, "commands/0/11")), dedupe.VerdictPending)
 		if _, ok := d.lookup("absent"); ok {
 			t.Error("a renewal created an entry")
 		}
-		f := req("f", "sha256:a", dedupe.Strict, holderA, "commands/0/12")
+		f := req("f", fpA, dedupe.Strict, holderA, "commands/0/12")
 		d.one(f, dedupe.VerdictFirst)
 		d.mustComplete(complete(f, dedupe.Failed, dedupe.NoPosition))
 		d.one(renew(f), dedupe.VerdictPending)
@@ -565,12 +596,12 @@ var cases = []testCase{
 		}
 	}},
 	{"ExpiredLeaseWithOtherBodyIsConflict", func(t *testing.T, h Harness, d *driver) {
-		d.one(req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)
+		d.one(req("k", fpA, dedupe.Strict, holderA, "commands/0/10"), dedupe.VerdictFirst)
 		h.Advance(lease + slack)
-		d.one(req("k", "sha256:b", dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictConflict)
+		d.one(req("k", fpB, dedupe.Strict, holderB, "commands/1/5"), dedupe.VerdictConflict)
 	}},
 	{"CompleteWithoutEntryIsFenced", func(t *testing.T, h Harness, d *driver) {
-		r := req("ghost", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		r := req("ghost", fpA, dedupe.Strict, holderA, "commands/0/10")
 		if err := d.complete(complete(r, dedupe.Success, 1)); !errors.Is(err, dedupe.ErrFenced) {
 			t.Errorf("completion of an unknown key: %v, want ErrFenced", err)
 		}
@@ -579,17 +610,17 @@ var cases = []testCase{
 		}
 	}},
 	{"NamespacesAreIsolated", func(t *testing.T, h Harness, d *driver) {
-		a := req("k", "sha256:a", dedupe.Strict, holderA, "commands/0/10")
+		a := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
 		b := a
 		b.Namespace = "other-pipeline"
-		b.Fingerprint = "sha256:b"
+		b.Fingerprint = fpB
 		d.one(a, dedupe.VerdictFirst)
 		d.one(b, dedupe.VerdictFirst)
 	}},
 	{"KeysAreOpaqueBytes", func(t *testing.T, h Harness, d *driver) {
 		keys := []string{"a:b", "{tag}", "ключ-ü", "9F8A2C1D", "9f8a2c1d", string(make([]byte, 300))}
 		for i, k := range keys {
-			d.one(req(k, "sha256:a", dedupe.Strict, holderA, fmt.Sprintf("commands/0/%d", i)), dedupe.VerdictFirst)
+			d.one(req(k, fpA, dedupe.Strict, holderA, fmt.Sprintf("commands/0/%d", i)), dedupe.VerdictFirst)
 		}
 		for _, k := range keys {
 			if e, ok := d.lookup(k); !ok || e.Key != k {
@@ -599,11 +630,11 @@ var cases = []testCase{
 	}},
 	{"EventClockWindow", func(t *testing.T, h Harness, d *driver) {
 		at := time.Date(2026, 6, 18, 10, 0, 0, 0, time.UTC)
-		r := req("k", "sha256:a", dedupe.Window, holderA, "commands/0/10")
+		r := req("k", fpA, dedupe.Window, holderA, "commands/0/10")
 		r.EventTime = at
 		d.one(r, dedupe.VerdictFirst)
 		d.mustComplete(complete(r, dedupe.Success, 1))
-		inside := req("k", "sha256:a", dedupe.Window, holderB, "commands/1/5")
+		inside := req("k", fpA, dedupe.Window, holderB, "commands/1/5")
 		inside.EventTime = at.Add(window - slack)
 		d.one(inside, dedupe.VerdictReplay)
 		after := inside
@@ -619,7 +650,7 @@ var cases = []testCase{
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r := req("race", "sha256:a", dedupe.Strict, fmt.Sprintf("racer-%d", i), fmt.Sprintf("commands/%d/1", i))
+				r := req("race", fpA, dedupe.Strict, fmt.Sprintf("racer-%d", i), fmt.Sprintf("commands/%d/1", i))
 				decs, err := h.Store.Decide(context.Background(), []dedupe.DecideRequest{r})
 				if err != nil {
 					errs <- err
@@ -642,7 +673,7 @@ var cases = []testCase{
 	{"ManyCompletionsInOneCallFollowTheirOwnRules", func(t *testing.T, h Harness, d *driver) {
 		var firsts []dedupe.DecideRequest
 		for i := range 12 {
-			firsts = append(firsts, req(fmt.Sprintf("m%02d", i), "sha256:a", dedupe.Strict, holderA, fmt.Sprintf("commands/0/%d", i)))
+			firsts = append(firsts, req(fmt.Sprintf("m%02d", i), fpA, dedupe.Strict, holderA, fmt.Sprintf("commands/0/%d", i)))
 		}
 		d.decide(firsts...)
 		d.mustComplete(complete(firsts[9], dedupe.Success, 90)) // finished in an earlier call
@@ -657,7 +688,7 @@ var cases = []testCase{
 			complete(firsts[4], dedupe.Success, 40), // the same again
 			complete(firsts[5], dedupe.Success, 50),
 			complete(firsts[5], dedupe.Failed, dedupe.NoPosition), // no longer PENDING
-			complete(req("m-none", "sha256:a", dedupe.Strict, holderA, "commands/0/99"), dedupe.Success, 1),
+			complete(req("m-none", fpA, dedupe.Strict, holderA, "commands/0/99"), dedupe.Success, 1),
 			complete(firsts[9], dedupe.Success, 90), // a retry of the earlier call
 			complete(firsts[9], dedupe.Success, 91), // another result: fenced
 			complete(firsts[10], dedupe.Success, 100),
@@ -686,7 +717,7 @@ var cases = []testCase{
 		}
 		for key, w := range want {
 			e, ok := d.lookup(key)
-			if !ok || e.State != w.state || (w.state != dedupe.Pending && e.Result.Offset != w.offset) || e.Owner.Holder != holderA {
+			if !ok || e.State != w.state || (w.state != dedupe.Pending && e.Result.Offset != w.offset) || !sameOwner(e, dedupe.Owner{Holder: holderA, Source: e.Owner.Source}) {
 				t.Errorf("%s after the call: found %v, %+v; want %s with offset %d by %s", key, ok, e, w.state, w.offset, holderA)
 			}
 		}
@@ -694,7 +725,7 @@ var cases = []testCase{
 			t.Error("a completion of a key never decided created an entry")
 		}
 		// The released key is taken over at once.
-		dec := d.one(req("m02", "sha256:a", dedupe.Strict, holderB, "commands/0/2"), dedupe.VerdictFirst)
+		dec := d.one(req("m02", fpA, dedupe.Strict, holderB, "commands/0/2"), dedupe.VerdictFirst)
 		if !dec.Resumed {
 			t.Errorf("takeover of a released key: %+v, want resumed", dec)
 		}
@@ -707,8 +738,8 @@ var cases = []testCase{
 		const keys = 40
 		var mine, theirs []dedupe.DecideRequest
 		for i := range keys {
-			mine = append(mine, req(fmt.Sprintf("r%02d", i), "sha256:a", dedupe.Strict, holderA, fmt.Sprintf("commands/0/%d", i)))
-			r := req(fmt.Sprintf("r%02d", i), "sha256:a", dedupe.Strict, holderB, fmt.Sprintf("commands/1/%d", i))
+			mine = append(mine, req(fmt.Sprintf("r%02d", i), fpA, dedupe.Strict, holderA, fmt.Sprintf("commands/0/%d", i)))
+			r := req(fmt.Sprintf("r%02d", i), fpA, dedupe.Strict, holderB, fmt.Sprintf("commands/1/%d", i))
 			r.Final = true
 			theirs = append(theirs, r)
 		}

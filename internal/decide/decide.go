@@ -62,20 +62,8 @@ func Decide(cur *dedupe.Entry, req dedupe.DecideRequest, now time.Time) (dedupe.
 		cur = nil
 	}
 	if cur == nil {
-		e := &dedupe.Entry{
-			Key:         req.Key,
-			State:       dedupe.Pending,
-			Fingerprint: req.Fingerprint,
-			RulesDigest: req.RulesDigest,
-			Owner:       req.Owner,
-			FirstSource: req.Owner.Source,
-			Intent:      req.Intent,
-			Result:      dedupe.ResultRef{Partition: -1, Offset: dedupe.NoPosition},
-			WindowStart: clock,
-			LeaseUntil:  now.Add(req.Lease),
-			ExpiresAt:   now.Add(req.Window),
-		}
-		return dedupe.Decision{Verdict: dedupe.VerdictFirst, Entry: *e}, e
+		e := NewEntry(req, clock, now)
+		return dedupe.Decision{Verdict: dedupe.VerdictFirst, Entry: e}, &e
 	}
 
 	d := dedupe.Decision{Entry: *cur}
@@ -159,6 +147,25 @@ func Decide(cur *dedupe.Entry, req dedupe.DecideRequest, now time.Time) (dedupe.
 	}
 	d.Verdict, d.Resumed, d.Entry = dedupe.VerdictFirst, true, e
 	return d, &e
+}
+
+// NewEntry is the entry a key gets from its first record req, decided at
+// now on the store's clock, its window starting at clock (now, or the
+// record's time under clock: event).
+func NewEntry(req dedupe.DecideRequest, clock, now time.Time) dedupe.Entry {
+	return dedupe.Entry{
+		Key:         req.Key,
+		State:       dedupe.Pending,
+		Fingerprint: req.Fingerprint,
+		RulesDigest: req.RulesDigest,
+		Owner:       req.Owner,
+		FirstSource: req.Owner.Source,
+		Intent:      req.Intent,
+		Result:      dedupe.ResultRef{Partition: -1, Offset: dedupe.NoPosition},
+		WindowStart: clock,
+		LeaseUntil:  now.Add(req.Lease),
+		ExpiresAt:   now.Add(req.Window),
+	}
 }
 
 // expired reports whether cur no longer counts for req (see Decide).

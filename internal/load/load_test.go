@@ -595,7 +595,7 @@ func sum(m map[int]int64) int64 {
 func writeConfig(t *testing.T, path string, brokers []string, redisAddr, run, in, out, dlq, registry string) {
 	t.Helper()
 	yaml := fmt.Sprintf(`kafka: {brokers: [%s], group: %s}
-store: {kind: redis, redis: {url: 'redis://%s/0', prefix: %s, check_server: false}}
+store: {kind: redis, redis: {url: 'redis://%s/0', prefix: %s, check_server: false%s}}
 pipelines:
   - name: load
     input: %s
@@ -606,7 +606,7 @@ pipelines:
     window: 10m
     volatile: [%s]
     unordered: [%s]
-`, strings.Join(brokers, ","), run, redisAddr, run, in, out, dlq, keyHeader,
+`, strings.Join(brokers, ","), run, redisAddr, run, entryFormat(), in, out, dlq, keyHeader,
 		strings.Join(volatilePaths, ", "), strings.Join(unorderedPaths, ", "))
 	if registry != "" {
 		yaml += "    payload: avro\nschema_registry: {url: '" + registry + "'}\n"
@@ -614,6 +614,16 @@ pipelines:
 	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// entryFormat is the store.redis setting of IDEMSTREAM_LOAD_ENTRY_FORMAT
+// (make load LOAD_ENTRY_FORMAT=compact): the format the measured
+// processes write their entries in.
+func entryFormat() string {
+	if f := os.Getenv("IDEMSTREAM_LOAD_ENTRY_FORMAT"); f != "" {
+		return ", entry_format: " + f
+	}
+	return ""
 }
 
 // cpus is the CPU time, in seconds, that the consumer process used from

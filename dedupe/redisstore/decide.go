@@ -1,0 +1,360 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/decide"
+)
+
+// Decide implements dedupe.Store.
+//
+// Most records carry a key the store has never seen, and for those the
+// decision is a plain SET NX: one native command, no script. So a batch
+// takes up to three round trips: TIME (the server's clock, which every
+// new entry is stamped with), the SET NX of the first record of each key,
+// then one decide.lua call per group for the records whose key already
+// existed and for later records of a key within the batch (so that records
+// of one key are decided in order).
+func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedupe.Decision, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	names := make([]string, len(reqs))
+	for i, r := range reqs {
+		if err := checkFields(r); err != nil {
+			return nil, err
+		}
+		names[i] = s.redisKey(r.Namespace, r.Key)
+	}
+	if err := s.ready(ctx); err != nil {
+		return nil, err
+	}
+	// A renewal must not create an entry: no SET NX for it. Nor does a
+	// Cluster take the SET NX path: its entries carry absolute times (the
+	// lease, the window, the expiry) read from one clock, TIME of one
+	// node, while each entry lives on the master of its slot, whose
+	// scripts compare them with that master's own clock. decide.lua reads
+	// the clock of the node that holds the entry.
+	_, cluster := s.client.(*redis.ClusterClient)
+	if len(reqs) < fastPathMin || reqs[0].RenewOnly || cluster {
+		all := make([]int, len(reqs))
+		for i := range all {
+			all[i] = i
+		}
+		out := make([]dedupe.Decision, len(reqs))
+		if err := s.decideScripted(ctx, reqs, names, all, out); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+	timeRead := time.Now()
+	nowMs, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return nil, classify("decide", err)
+	}
+	now := time.UnixMilli(nowMs.UnixMilli())
+
+	out := make([]dedupe.Decision, len(reqs))
+	slow := make([]int, 0, 8)
+	seen := make(map[string]struct{}, len(reqs))
+	fast := make([]*redis.Cmd, len(reqs))
+	// The arguments of every SET NX in one backing array: a command's
+	// own argument slice would be an allocation per record.
+	const setArgs = 6
+	args := make([]any, setArgs*len(reqs))
+	var fastCmds []redis.Cmder
+	var fastKeys []string
+	// One pooled buffer for every value of the batch: building these is
+	// the hot path of a large batch. The pipeline is done with it when
+	// Exec returns.
+	bp := valueBuffers.Get().(*[]byte)
+	buf := (*bp)[:0]
+	defer func() {
+		*bp = buf[:0]
+		valueBuffers.Put(bp)
+	}()
+	for i, r := range reqs {
+		if _, dup := seen[names[i]]; dup {
+			continue
+		}
+		seen[names[i]] = struct{}{}
+		// The entry the key gets if the SET NX succeeds, which it does
+		// for most: built in place.
+		out[i].Entry = newEntry(r, now)
+		start := len(buf)
+		buf = s.appendEntry(buf, &out[i].Entry)
+		a := args[setArgs*i : setArgs*(i+1) : setArgs*(i+1)]
+		a[0], a[1], a[2], a[3], a[4], a[5] = "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", out[i].Entry.RetainUntil().UnixMilli()
+		fast[i] = redis.NewCmd(ctx, a...)
+		fastCmds, fastKeys = append(fastCmds, fast[i]), append(fastKeys, names[i])
+	}
+	execErr, ackErr := s.roundTrips(ctx, "decide", fastKeys, fastCmds)
+	if execErr != nil && !errors.Is(execErr, redis.Nil) {
+		return nil, classify("decide", execErr)
+	}
+	if ackErr != nil {
+		return nil, ackErr
+	}
+	var existing, later []int
+	// Only completeCAS takes what the SET NX wrote.
+	remember := casState(s.cas.Load()) == casSupported && !s.waits("complete")
+	// known holds the entries whose state after this batch's decisions so
+	// far is known here exactly: created by the SET NX, or read and left
+	// unchanged.
+	known := make(map[string]*dedupe.Entry, len(reqs))
+	for i, cmd := range fast {
+		if cmd == nil {
+			later = append(later, i)
+			continue
+		}
+		switch err := cmd.Err(); {
+		case err == nil:
+			out[i].Verdict = dedupe.VerdictFirst
+			known[names[i]] = &out[i].Entry
+			if remember {
+				s.written.put(names[i], args[setArgs*i+2].([]byte), &out[i].Entry)
+			}
+		case errors.Is(err, redis.Nil):
+			existing = append(existing, i)
+		default:
+			return nil, classify("decide", err)
+		}
+	}
+	// fromRead holds, per key, the records decided from a read so far:
+	// when a later record of the key needs the script, they go with it,
+	// so that every record of a key is decided against one state of its
+	// entry. (Another holder may change it between the read and the
+	// script: a record judged against the older state and a later one
+	// against the newer would be decided out of order. A decision from a
+	// read writes nothing, so deciding it again is safe.)
+	fromRead := map[string][]int{}
+	if len(existing) > 0 {
+		scripted, err := s.decideRead(ctx, reqs, names, existing, now, timeRead, out, known)
+		if err != nil {
+			return nil, err
+		}
+		slow = append(slow, scripted...)
+		for _, i := range existing {
+			if _, ok := known[names[i]]; ok {
+				fromRead[names[i]] = append(fromRead[names[i]], i)
+			}
+		}
+	}
+	if s.hooks.afterDecideRead != nil {
+		s.hooks.afterDecideRead()
+	}
+	// A later record of a key decided above in this batch (a retry close
+	// behind its first copy) is decided here from the known entry when
+	// that changes nothing (a replay or a conflict against this holder's
+	// own PENDING entry); once one of a key's records needs the script,
+	// the key's later ones follow it there, in order.
+	stale := time.Since(timeRead) > readMargin/2
+	toScript := func(i int) {
+		delete(known, names[i])
+		slow = append(slow, fromRead[names[i]]...)
+		delete(fromRead, names[i])
+		slow = append(slow, i)
+	}
+	for _, i := range later {
+		e := known[names[i]]
+		// Another key can share the name (namespace "a:b" with key "c",
+		// namespace "a" with "b:c"): such a record goes to the script,
+		// which refuses an entry that holds another key (decideRead sends
+		// it there too).
+		if e == nil || e.Key != reqs[i].Key || stale || nearBoundary(e, reqs[i], now) {
+			toScript(i)
+			continue
+		}
+		dec, next := decide.Decide(e, reqs[i], now)
+		if next != nil {
+			toScript(i)
+			continue
+		}
+		dec.Entry.Now = now
+		out[i] = dec
+		if _, ok := fromRead[names[i]]; ok {
+			fromRead[names[i]] = append(fromRead[names[i]], i)
+		}
+	}
+	sort.Ints(slow)
+	if len(slow) == 0 {
+		return out, nil
+	}
+	if err := s.decideScripted(ctx, reqs, names, slow, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// decideRead decides the records whose key exists (their SET NX failed)
+// from a plain GET of each entry, where the decision changes nothing:
+// a replay, a conflict, a key pending elsewhere. Such a decision is a read,
+// as true at the GET as decide.lua's would be, and costs the server a GET
+// instead of a script. It returns the records decide.lua must decide: those
+// whose decision writes (a takeover, a rerun, a resume, an expired entry)
+// and those whose entry is within a second of a boundary of the store's
+// clock (expiry, window end, lease end), since now was read before the GET.
+func (s *Store) decideRead(ctx context.Context, reqs []dedupe.DecideRequest, names []string, idx []int, now, timeRead time.Time,
+	out []dedupe.Decision, known map[string]*dedupe.Entry) ([]int, error) {
+	pipe := s.client.Pipeline()
+	gets := make([]*redis.StringCmd, len(idx))
+	for j, i := range idx {
+		gets[j] = pipe.Get(ctx, names[i])
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, classify("decide", err)
+	}
+	// The clock read before the SET NX must still be within the margin of
+	// the store's clock at the GETs.
+	stale := time.Since(timeRead) > readMargin/2
+	var scripted []int
+	for j, i := range idx {
+		raw, err := gets[j].Result()
+		if stale || err != nil {
+			scripted = append(scripted, i)
+			continue
+		}
+		cur, err := decodeEntry(now.UnixMilli(), raw, (s.requestContext(names[i], reqs[i])))
+		if err != nil || cur.Key != reqs[i].Key || nearBoundary(&cur, reqs[i], now) {
+			scripted = append(scripted, i)
+			continue
+		}
+		dec, next := decide.Decide(&cur, reqs[i], now)
+		if next != nil {
+			scripted = append(scripted, i)
+			continue
+		}
+		dec.Entry.Now = now
+		out[i] = dec
+		known[names[i]] = &cur
+	}
+	return scripted, nil
+}
+
+// pipelineChunk bounds the commands of one round trip of Decide's SET NX.
+// A round trip's timeout is fixed, and under appendfsync always (which
+// decisions need to survive a restart) its time grows with its bytes:
+// Redis reads a client's input 16 KiB at a time and fsyncs before it
+// answers what it read, so one round trip of 1,000 entries took 25 and
+// 26 fsyncs (strace of redis-server 7.0), against about 14 for 500. The
+// chunks go side by side, each on a connection of its own, and one fsync
+// covers what Redis read from all of them: the same 1,000 entries took
+// 13 fsyncs in two chunks.
+const pipelineChunk = 512
+
+// roundTrips is roundTrip in chunks of up to pipelineChunk commands, sent
+// side by side. It returns the first error of a command other than
+// redis.Nil (a SET NX that found its key), then the first
+// acknowledgement error.
+func (s *Store) roundTrips(ctx context.Context, op string, keys []string, cmds []redis.Cmder) (execErr, ackErr error) {
+	if len(cmds) <= pipelineChunk {
+		return s.roundTrip(ctx, op, keys, cmds)
+	}
+	n := (len(cmds) + pipelineChunk - 1) / pipelineChunk
+	execErrs, ackErrs := make([]error, n), make([]error, n)
+	acked := make([]bool, n)
+	var wg sync.WaitGroup
+	for c := range n {
+		lo, hi := c*pipelineChunk, min((c+1)*pipelineChunk, len(cmds))
+		wg.Go(func() {
+			execErrs[c], ackErrs[c], acked[c] = s.sendAndWait(ctx, op, keys[lo:hi], cmds[lo:hi])
+		})
+	}
+	wg.Wait()
+	ackErr = firstErr(ackErrs)
+	if s.waits(op) {
+		s.noteAck(ackErr, !slices.Contains(acked, false))
+	}
+	for _, err := range execErrs {
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err, ackErr
+		}
+	}
+	return nil, ackErr
+}
+
+// readMargin is how close to a boundary of the store's clock a decision
+// from a read may not be.
+const readMargin = time.Second
+
+func nearBoundary(e *dedupe.Entry, r dedupe.DecideRequest, now time.Time) bool {
+	ts := []time.Time{e.ExpiresAt, e.RetainUntil(), e.LeaseUntil}
+	if r.EventTime.IsZero() {
+		ts = append(ts, e.WindowStart.Add(r.Window))
+	}
+	for _, t := range ts {
+		if !t.IsZero() && t.Sub(now).Abs() < readMargin {
+			return true
+		}
+	}
+	return false
+}
+
+// decideScripted decides reqs[slow...] with decide.lua, filling out.
+func (s *Store) decideScripted(ctx context.Context, reqs []dedupe.DecideRequest, names []string, slow []int, out []dedupe.Decision) error {
+	slowNames := make([]string, len(slow))
+	args := make([][]any, len(slow))
+	for j, i := range slow {
+		slowNames[j] = names[i]
+	}
+	// decide.lua may rewrite these entries (a takeover, a renewal): what
+	// an earlier SET NX wrote is not theirs any more.
+	s.written.forget(slowNames)
+	for j, i := range slow {
+		r := reqs[i]
+		event := ""
+		if !r.EventTime.IsZero() {
+			event = strconv.FormatInt(r.EventTime.UnixMilli(), 10)
+		}
+		// decide.lua's final argument: 0 or 1, plus 2 for RulesChecked.
+		final := "r"
+		if !r.RenewOnly {
+			n := 0
+			if r.Final {
+				n++
+			}
+			if r.RulesChecked {
+				n += 2
+			}
+			final = strconv.Itoa(n)
+		}
+		args[j] = []any{r.Key, r.Fingerprint, r.Owner.Source,
+			strconv.FormatInt(int64(r.Intent.Partition), 10), strconv.FormatInt(r.Intent.Floor, 10), event, final}
+	}
+	// What a batch shares travels once per script call.
+	shared := func(j int) []any {
+		r := reqs[slow[j]]
+		return []any{string(r.Semantics), ms(r.Window), ms(r.Lease), r.Owner.Holder, r.RulesDigest, ms(dedupe.PendingRetention), s.scriptFormat()}
+	}
+	class := func(j int) string {
+		r := reqs[slow[j]]
+		return string(r.Semantics) + sep + ms(r.Window) + sep + ms(r.Lease) + sep + r.Owner.Holder + sep + r.RulesDigest
+	}
+	return s.runGroups(ctx, "decide", decideScript, slowNames, args, shared, class, func(idx []int, rep []any) error {
+		if len(rep) != 1+3*len(idx) {
+			return fmt.Errorf("decide: %d replies for %d records", len(rep), len(idx))
+		}
+		for n, j := range idx {
+			i := slow[j]
+			d, err := parseDecision(rep[0], rep[1+3*n:4+3*n], (s.requestContext(slowNames[j], reqs[i])))
+			if err != nil {
+				return fmt.Errorf("decide %q: %w", reqs[i].Key, err)
+			}
+			if d.Verdict == dedupe.VerdictFirst && str(rep[3+3*n]) == "" {
+				d.Entry = newEntry(reqs[i], d.Entry.Now)
+			}
+			out[i] = d
+		}
+		return nil
+	})
+}
