@@ -28,15 +28,20 @@ import (
 )
 
 // stores runs a test against every store the front door keeps keys in:
-// the memory store and a real redis-server.
+// the memory store and a real redis-server, writing either entry format.
 func stores(t *testing.T, run func(t *testing.T, store frontdoor.Store)) {
 	t.Run("memory", func(t *testing.T) { run(t, memstore.New()) })
-	t.Run("redis", func(t *testing.T) {
-		client := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
-		t.Cleanup(func() { _ = client.Close() })
-		prefix := fmt.Sprintf("fd%d", time.Now().UnixNano())
-		run(t, redisstore.New(client, prefix))
-	})
+	for _, f := range []struct {
+		name string
+		opts []redisstore.Option
+	}{{"redis", nil}, {"redis-compact", []redisstore.Option{redisstore.WithCompactEntries()}}} {
+		t.Run(f.name, func(t *testing.T) {
+			client := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+			t.Cleanup(func() { _ = client.Close() })
+			prefix := fmt.Sprintf("fd%d", time.Now().UnixNano())
+			run(t, redisstore.New(client, prefix, f.opts...))
+		})
+	}
 }
 
 const routeYAML = `

@@ -125,6 +125,38 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 	if len(order) == 0 {
 		return errs, nil
 	}
+	again, err := s.writeCAS(ctx, node, names, vals, order, latest)
+	if err != nil {
+		return nil, err
+	}
+	if len(again) == 0 {
+		return errs, nil
+	}
+	var redo []int
+	for i := range comps {
+		if again[names[i]] {
+			redo = append(redo, i)
+		}
+	}
+	cc := make([]dedupe.Completion, len(redo))
+	cn := make([]string, len(redo))
+	for j, i := range redo {
+		cc[j], cn[j] = comps[i], names[i]
+	}
+	ce, err := s.completeScripted(ctx, cc, cn)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range redo {
+		errs[i] = ce[j]
+	}
+	return errs, nil
+}
+
+// writeCAS writes the entries planned (order, latest), each with SET …
+// IFEQ the value it was read as (vals), and returns the names whose
+// entry changed since, for complete.lua to decide again.
+func (s *Store) writeCAS(ctx context.Context, node *redis.Client, names []string, vals []any, order []int, latest map[string]*dedupe.Entry) (again map[string]bool, err error) {
 	bp := valueBuffers.Get().(*[]byte)
 	buf := (*bp)[:0]
 	defer func() {
@@ -159,7 +191,7 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 	// (OOM, READONLY, NOPERM) or a lost connection fails the call, as an
 	// EXEC would: what was written is the same completion again when the
 	// call is retried.
-	again := map[string]bool{}
+	again = map[string]bool{}
 	for j, i := range order {
 		switch err := sets[j].Err(); {
 		case err == nil:
@@ -184,28 +216,7 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 			}
 		}
 	}
-	if len(again) == 0 {
-		return errs, nil
-	}
-	var redo []int
-	for i := range comps {
-		if again[names[i]] {
-			redo = append(redo, i)
-		}
-	}
-	cc := make([]dedupe.Completion, len(redo))
-	cn := make([]string, len(redo))
-	for j, i := range redo {
-		cc[j], cn[j] = comps[i], names[i]
-	}
-	ce, err := s.completeScripted(ctx, cc, cn)
-	if err != nil {
-		return nil, err
-	}
-	for j, i := range redo {
-		errs[i] = ce[j]
-	}
-	return errs, nil
+	return again, nil
 }
 
 // readEntries reads the server's clock and the entries of names[i] for i in

@@ -16,8 +16,9 @@ import (
 // text. The compact entry keeps every field a decision or a completion
 // reads, in binary, and leaves out what the reader already has:
 //
-//	byte 0      the state: 1 PENDING, 2 SUCCESS, 3 FAILED (a text entry
-//	            starts with a letter, so the first byte tells them apart)
+//	byte 0      the state: 1 PENDING, 2 SUCCESS, 3 FAILED, plus flags of
+//	            the intent (compactIntent … compactFloorText); below 32,
+//	            where a text entry starts with a letter
 //	byte 1      flags (compactFingerprint … compactKey below)
 //	fingerprint 32 bytes of SHA-256, or a text
 //	rules       the first 8 bytes of the SHA-256 rules digest, or a text
@@ -26,8 +27,11 @@ import (
 //	source      the owner's record: the first 4 bytes of the SHA-1 of its
 //	            topic, the partition and the offset, or a text
 //	first       the first copy's record, as source, unless it is source
-//	intent      PENDING only: partition and floor
 //	result      partition and offset
+//	intent      partition and floor (a finished entry's where it has one:
+//	            as the floor's distance below the result's offset when
+//	            they share a partition); a floor beyond the numbers'
+//	            range as a text
 //	times       the window's start (ms), its end and the lease's end as
 //	            differences from it
 //	key         the key when its name holds its hash, else its length
@@ -45,10 +49,22 @@ import (
 // the value is unchanged.
 //
 // The hashes decide nothing alone. A finished entry's holder is compared
-// only in "the same completion again", beside the result's position,
-// which no other write has. A rules digest's 64 bits tell one set of
-// rules from another; a topic's 32 bits tell the pipeline's input from
-// another topic after a change of input, beside the partition and offset.
+// only in "the same completion again" (decide.Complete), beside the state
+// and the result's position. A FAILED completion has no position, so two
+// holders of one key (a takeover of the same record) that both fail it
+// are told apart by 32 bits alone: the stale one's completion passes for
+// done with a chance of 2^-32, and changes nothing (a FAILED entry stays
+// as it is; its dead letter was written before it completed). A rules
+// digest's 64 bits tell one set of rules from another; a topic's 32 bits
+// tell the pipeline's input from another topic after a change of input,
+// beside the partition and offset.
+//
+// A store that writes text writes an entry it read compact back as text
+// once it resolved every hash in it, and compact while it did not
+// (appendEntryOver): compact entries end once no store writes them. An
+// entry with a number beyond maxCompactInt (but an intent's floor, kept
+// as text) is written as text; no entry the pipeline or the front door
+// makes has one.
 //
 // Go and entry.lua write the same bytes for the same entry
 // (TestLuaWritesWhatGoWrites); FuzzDecodeCompact holds the decoder to
@@ -70,6 +86,13 @@ const (
 	compactPending byte = 1
 	compactSuccess byte = 2
 	compactFailed  byte = 3
+)
+
+// Flags of byte 0, beside the state.
+const (
+	compactIntent    = 4  // a finished entry keeps an intent (a PENDING one always does)
+	compactIntentRel = 8  // the intent is the result's partition, its floor the distance below the result's offset
+	compactFloorText = 16 // the intent's floor is a text (beyond maxCompactInt)
 )
 
 // maxCompactOffset bounds the offsets written as numbers: entry.lua reads
@@ -115,13 +138,35 @@ func compactable(e *dedupe.Entry) bool {
 	if !e.LeaseUntil.IsZero() {
 		lease = e.LeaseUntil.UnixMilli() - ws
 	}
-	for _, v := range [...]int64{int64(e.Intent.Partition), e.Intent.Floor, int64(e.Result.Partition), e.Result.Offset,
-		ws, e.ExpiresAt.UnixMilli() - ws, lease} {
-		if v <= -maxCompactInt || v >= maxCompactInt {
+	for _, v := range [...]int64{e.Result.Offset, ws, e.ExpiresAt.UnixMilli() - ws, lease} {
+		if !inCompactRange(v) {
 			return false
 		}
 	}
 	return true
+}
+
+func inCompactRange(v int64) bool { return -maxCompactInt < v && v < maxCompactInt }
+
+// appendIntent appends e's intent, if it keeps one, and returns the flags
+// of byte 0 that say how.
+func appendIntent(b []byte, e *dedupe.Entry) ([]byte, byte) {
+	var flags byte
+	finished := e.State != dedupe.Pending
+	if finished {
+		if e.Intent == (dedupe.Intent{Partition: -1, Floor: dedupe.NoPosition}) {
+			return b, 0
+		}
+		flags |= compactIntent
+	}
+	floor := e.Intent.Floor
+	switch {
+	case finished && e.Intent.Partition == e.Result.Partition && inCompactRange(floor) && inCompactRange(e.Result.Offset-floor):
+		return appendZigzag(b, e.Result.Offset-floor), flags | compactIntentRel
+	case inCompactRange(floor):
+		return appendZigzag(appendZigzag(b, int64(e.Intent.Partition)), floor), flags
+	}
+	return appendText(appendZigzag(b, int64(e.Intent.Partition)), strconv.FormatInt(floor, 10)), flags | compactFloorText
 }
 
 // appendCompact appends e's compact encoding, or its text encoding when
@@ -169,10 +214,9 @@ func appendCompact(b []byte, e *dedupe.Entry) []byte {
 	} else if b, num = appendSource(b, e.FirstSource); num {
 		flags |= compactFirstNum
 	}
-	if e.State == dedupe.Pending {
-		b = appendZigzag(appendZigzag(b, int64(e.Intent.Partition)), e.Intent.Floor)
-	}
 	b = appendZigzag(appendZigzag(b, int64(e.Result.Partition)), e.Result.Offset)
+	b, intent := appendIntent(b, e)
+	b[at] |= intent
 	ws := e.WindowStart.UnixMilli()
 	b = appendZigzag(appendZigzag(b, ws), e.ExpiresAt.UnixMilli()-ws)
 	if !e.LeaseUntil.IsZero() {
@@ -194,7 +238,7 @@ func decodeCompact(e *dedupe.Entry, raw string, c readContext) error {
 	if len(raw) < 2 {
 		return errNotEntry
 	}
-	switch raw[0] {
+	switch raw[0] & 3 {
 	case compactPending:
 		e.State = dedupe.Pending
 	case compactSuccess:
@@ -202,6 +246,11 @@ func decodeCompact(e *dedupe.Entry, raw string, c readContext) error {
 	case compactFailed:
 		e.State = dedupe.Failed
 	default:
+		return errNotEntry
+	}
+	intent := raw[0] &^ 3
+	if raw[0] >= 32 || e.State == dedupe.Pending && intent&compactIntent != 0 ||
+		e.State != dedupe.Pending && intent != 0 && intent&compactIntent == 0 {
 		return errNotEntry
 	}
 	flags := raw[1]
@@ -239,11 +288,11 @@ func decodeCompact(e *dedupe.Entry, raw string, c readContext) error {
 			r.err = errNotEntry
 		}
 	}
-	e.Intent = dedupe.Intent{Partition: -1, Floor: dedupe.NoPosition}
-	if e.State == dedupe.Pending {
-		e.Intent = dedupe.Intent{Partition: r.int32(), Floor: r.zigzag()}
-	}
 	e.Result = dedupe.ResultRef{Partition: r.int32(), Offset: r.zigzag()}
+	e.Intent = dedupe.Intent{Partition: -1, Floor: dedupe.NoPosition}
+	if e.State == dedupe.Pending || intent&compactIntent != 0 {
+		e.Intent = r.intent(intent, e.Result)
+	}
 	ws := r.zigzag()
 	e.WindowStart = time.UnixMilli(ws)
 	e.ExpiresAt = time.UnixMilli(ws + r.zigzag())
@@ -313,6 +362,24 @@ func (r *compactReader) int32() int32 {
 		r.err = errNotEntry
 	}
 	return int32(v)
+}
+
+// intent reads an intent written with the flags of byte 0 in flags.
+func (r *compactReader) intent(flags byte, result dedupe.ResultRef) dedupe.Intent {
+	switch {
+	case flags&compactIntentRel != 0 && flags&compactFloorText != 0:
+		r.err = errNotEntry
+	case flags&compactIntentRel != 0:
+		return dedupe.Intent{Partition: result.Partition, Floor: result.Offset - r.zigzag()}
+	case flags&compactFloorText != 0:
+		p, s := r.int32(), r.text()
+		floor, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || strconv.FormatInt(floor, 10) != s {
+			r.err = errNotEntry
+		}
+		return dedupe.Intent{Partition: p, Floor: floor}
+	}
+	return dedupe.Intent{Partition: r.int32(), Floor: r.zigzag()}
 }
 
 func (r *compactReader) text() string {

@@ -44,13 +44,22 @@ func randomEntry(rng *rand.Rand) (name string, e dedupe.Entry, ctx readContext) 
 	if rng.IntN(3) == 0 {
 		e.FirstSource = source()
 	}
-	e.Intent = dedupe.Intent{Partition: -1, Floor: dedupe.NoPosition}
-	if e.State == dedupe.Pending {
-		e.Intent = dedupe.Intent{Partition: int32(rng.IntN(12)), Floor: rng.Int64N(1 << 40)}
-	}
 	e.Result = dedupe.ResultRef{Partition: -1, Offset: dedupe.NoPosition}
 	if e.State != dedupe.Pending {
 		e.Result = dedupe.ResultRef{Partition: int32(rng.IntN(12)), Offset: rng.Int64N(1 << 45)}
+	}
+	e.Intent = dedupe.Intent{Partition: -1, Floor: dedupe.NoPosition}
+	switch rng.IntN(5) {
+	case 0, 1:
+		e.Intent = dedupe.Intent{Partition: e.Result.Partition, Floor: e.Result.Offset - rng.Int64N(1000)}
+	case 2:
+		e.Intent = dedupe.Intent{Partition: int32(rng.IntN(12)), Floor: rng.Int64N(1 << 40)}
+	case 3:
+		// The front door's attempts: any int64.
+		e.Intent = dedupe.Intent{Partition: 0, Floor: int64(rng.Uint64())}
+	}
+	if e.State == dedupe.Pending && e.Intent.Floor == dedupe.NoPosition && rng.IntN(2) == 0 {
+		e.Intent = dedupe.Intent{Partition: 1, Floor: 100}
 	}
 	now := time.UnixMilli(1764957600000 + rng.Int64N(1e6))
 	e.WindowStart = now.Add(-time.Duration(rng.Int64N(1e8)) * time.Millisecond)
@@ -125,7 +134,7 @@ func compactGolden() (string, dedupe.Entry) {
 		Fingerprint: digestOf("claim"), RulesDigest: digestOf("rules"),
 		Owner:       dedupe.Owner{Holder: "idemstream-7f9c-x2x7q-3fa9/g12r3/coupon.claim.commands/3", Source: "coupon.claim.commands/3/184467440"},
 		FirstSource: "coupon.claim.commands/3/184467440",
-		Intent:      dedupe.Intent{Partition: -1, Floor: dedupe.NoPosition},
+		Intent:      dedupe.Intent{Partition: 3, Floor: 123458990},
 		Result:      dedupe.ResultRef{Partition: 3, Offset: 123459000},
 		WindowStart: ws, ExpiresAt: ws.Add(10 * time.Minute),
 	}
@@ -291,4 +300,82 @@ func TestLuaReadsWhatGoReads(t *testing.T) {
 		}
 	}
 	t.Logf("%d damaged entries both read", accepted)
+}
+
+// rolloutStores are a store writing compact entries and one writing text
+// on one prefix of the server at addr.
+func rolloutStores(t *testing.T, addr string) (compact, text *Store, c *redis.Client) {
+	c = redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	prefix := fmt.Sprintf("rollout%d", time.Now().UnixNano())
+	return New(c, prefix, WithCompactEntries()), New(c, prefix), c
+}
+
+// After a deployment moves back to text, compact entries end: a store
+// that writes text rewrites a compact entry as text once nothing in it is
+// left unresolved (a FAILED key's rerun replaces its holder, fingerprint
+// and rules digest), and keeps it compact only while it is not.
+func TestTextStoreEndsCompactEntries(t *testing.T) {
+	compact, text, c := rolloutStores(t, testenv.RedisAddr(t))
+	ctx := context.Background()
+	r := dedupe.DecideRequest{Namespace: "p", Key: "k", Fingerprint: digestOf("a"), RulesDigest: digestOf("r"),
+		Semantics: dedupe.Strict, Window: time.Minute, Lease: 10 * time.Second,
+		Owner: dedupe.Owner{Holder: "i1/g1/in/0", Source: "in/0/5"}, Intent: dedupe.Intent{Partition: 1, Floor: 7}}
+	first := func() byte {
+		raw, err := c.Get(ctx, text.redisKey("p", "k")).Bytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw[0]
+	}
+	if _, err := compact.Decide(ctx, []dedupe.DecideRequest{r}); err != nil {
+		t.Fatal(err)
+	}
+	// A completion carries no rules digest: the text store cannot resolve
+	// the entry's, and keeps it compact.
+	errs, err := text.Complete(ctx, []dedupe.Completion{{Namespace: "p", Key: "k", Owner: r.Owner, State: dedupe.Failed,
+		Result: dedupe.ResultRef{Partition: -1, Offset: -1}, FailedTTL: time.Minute}})
+	if err != nil || errs[0] != nil {
+		t.Fatal(err, errs)
+	}
+	if b := first(); b >= ' ' {
+		t.Fatalf("a completion by a text store wrote a text entry (%q) over a compact one it could not resolve", b)
+	}
+	rerun := r
+	rerun.Owner = dedupe.Owner{Holder: "i2/g2/in/0", Source: "in/0/9"}
+	d, err := text.Decide(ctx, []dedupe.DecideRequest{rerun})
+	if err != nil || d[0].Verdict != dedupe.VerdictFirst || !d[0].Rerun {
+		t.Fatal(err, d)
+	}
+	if b := first(); b != 'P' {
+		t.Errorf("a text store's rerun of a compact FAILED key wrote first byte %#x, want a text entry", b)
+	}
+}
+
+// A producer that stamps microseconds where Kafka wants milliseconds
+// gives event times of 16 digits: decide.lua keeps every digit, as the Go
+// paths do, so that a key's decision (its first source and window start)
+// reads the same on every path and a recovery scan finds its result.
+func TestEventTimesKeepEveryDigit(t *testing.T) {
+	for _, compact := range []bool{false, true} {
+		c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+		t.Cleanup(func() { c.Close() })
+		opts := []Option{WithSourceTopics("in")}
+		if compact {
+			opts = append(opts, WithCompactEntries())
+		}
+		s := New(c, fmt.Sprintf("micros%d", time.Now().UnixNano()), opts...)
+		ctx := context.Background()
+		r := pendingReq("k", "h", 5, time.Minute)
+		r.EventTime = time.UnixMilli(1764957600123456)
+		// One record: decide.lua's path.
+		d, err := s.Decide(ctx, []dedupe.DecideRequest{r})
+		if err != nil || d[0].Verdict != dedupe.VerdictFirst {
+			t.Fatal(err, d)
+		}
+		e, ok, err := s.Lookup(ctx, "p", "k")
+		if err != nil || !ok || e.WindowStart.UnixMilli() != 1764957600123456 || e.DecisionID() != d[0].Entry.DecisionID() {
+			t.Errorf("compact=%v: stored %+v (%v %v), decided %s", compact, e, ok, err, d[0].Entry.DecisionID())
+		}
+	}
 }

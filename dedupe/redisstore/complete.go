@@ -17,12 +17,14 @@ import (
 
 // Complete implements dedupe.Store.
 //
-// On a single node (or a Sentinel master) a batch is finished with SET …
-// IFEQ where the server has it (completeCAS), otherwise with plain
-// commands under WATCH (completeWatched); on a cluster, for a small batch,
-// or when another client changed one of the entries meanwhile, by
-// complete.lua (completeScripted). Both apply decide.Complete's
-// rules atomically per entry.
+// How a call is finished is the store's completion way (completionWay),
+// chosen once: SET … IFEQ where the server has it (completeCAS),
+// otherwise plain commands under WATCH (completeWatched), on a single
+// node or a Sentinel master; complete.lua (completeScripted) on a
+// Cluster, with replica acknowledgement, and for calls too small to be
+// worth a round trip more. The first two fall back to complete.lua for
+// the entries another client changed meanwhile. All apply
+// decide.Complete's rules atomically per entry.
 func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]error, error) {
 	if len(comps) == 0 {
 		return nil, nil
@@ -34,18 +36,48 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
-	// With replica acknowledgement every call goes to the script: one
-	// WAIT per node behind it, and a retry rewrites what it finds already
-	// done, so that its WAIT covers the write a failed attempt made.
-	if node, ok := s.client.(*redis.Client); ok && len(comps) >= fastPathMin && !s.waits("complete") {
-		if s.hasCAS(ctx, node) {
-			return s.completeCAS(ctx, node, comps, names)
-		}
+	way, node := wayScript, (*redis.Client)(nil)
+	if len(comps) >= fastPathMin {
+		way, node = s.completionWay(ctx)
+	}
+	switch way {
+	case wayCAS:
+		return s.completeCAS(ctx, node, comps, names)
+	case wayWatch:
 		s.written.forget(names)
 		return s.completeWatched(ctx, node, comps, names)
 	}
 	s.written.forget(names)
 	return s.completeScripted(ctx, comps, names)
+}
+
+// completionWay is how the store finishes its completions.
+type completionWay int
+
+const (
+	wayScript completionWay = iota
+	wayWatch
+	wayCAS
+)
+
+// completionWay returns the store's way and, for the ways of a single
+// node, the node. It is fixed by what the store was opened on (a single
+// node or a Sentinel master, without replica acknowledgement: with it,
+// every call goes to the script, one WAIT per node behind it, and a retry
+// rewrites what it finds already done so that its WAIT covers the write a
+// failed attempt made), and by whether the server takes SET … IFEQ, asked
+// once (hasCAS; a server away is asked again at the next call, and a
+// refusal after a failover to an older node moves the store to WATCH for
+// good).
+func (s *Store) completionWay(ctx context.Context) (completionWay, *redis.Client) {
+	node, ok := s.client.(*redis.Client)
+	switch {
+	case !ok || s.waits("complete"):
+		return wayScript, nil
+	case s.hasCAS(ctx, node):
+		return wayCAS, node
+	}
+	return wayWatch, node
 }
 
 // watchChunk bounds the entries one transaction WATCHes: the server checks
@@ -195,45 +227,9 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 			_ = tx.Unwatch(ctx).Err()
 		}
 	}()
-	// Each name becomes an interface value once, for WATCH, MGET and SET
-	// alike: the conversion allocates.
-	watchArgs := make([]any, 1+len(watch))
-	watchArgs[0] = "WATCH"
-	for i, name := range watch {
-		watchArgs[1+i] = name
-	}
-	// watch lists the distinct names in the order they first appear in
-	// names, so one walk pairs them; a repeated name is looked up.
-	mget := make([]any, 1+len(names))
-	mget[0] = "MGET"
-	w := 0
-	for i, name := range names {
-		if w < len(watch) && watch[w] == name {
-			mget[1+i] = watchArgs[1+w]
-			w++
-		} else if j := slices.Index(watch[:w], name); j >= 0 {
-			mget[1+i] = watchArgs[1+j]
-		} else {
-			mget[1+i] = name
-		}
-	}
-	var clock *redis.TimeCmd
-	var read *redis.Cmd
-	if _, err := tx.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.Do(ctx, watchArgs...)
-		clock = p.Time(ctx)
-		read = p.Do(ctx, mget...)
-		return nil
-	}); err != nil {
-		return classify("complete", err)
-	}
-	now := time.UnixMilli(clock.Val().UnixMilli())
-	vals, err := read.Slice()
+	mget, now, vals, err := watchAndRead(ctx, tx, names, watch)
 	if err != nil {
-		return classify("complete", err)
-	}
-	if len(vals) != len(names) {
-		return fmt.Errorf("complete: %d entries read for %d completions", len(vals), len(names))
+		return err
 	}
 	order, latest := s.planCompletions(comps, names, vals, now, errs)
 	if len(order) == 0 {
@@ -284,6 +280,52 @@ func (s *Store) completeInTx(ctx context.Context, tx *redis.Tx, comps []dedupe.C
 		return classify("complete", err)
 	}
 	return nil
+}
+
+// watchAndRead WATCHes the distinct names in watch and reads the server's
+// clock and the entries of names, in one round trip. mget holds the
+// names as the interface values MGET took, for the SETs to take too.
+func watchAndRead(ctx context.Context, tx *redis.Tx, names, watch []string) (mget []any, now time.Time, vals []any, err error) {
+	// Each name becomes an interface value once, for WATCH, MGET and SET
+	// alike: the conversion allocates.
+	watchArgs := make([]any, 1+len(watch))
+	watchArgs[0] = "WATCH"
+	for i, name := range watch {
+		watchArgs[1+i] = name
+	}
+	// watch lists the distinct names in the order they first appear in
+	// names, so one walk pairs them; a repeated name is looked up.
+	mget = make([]any, 1+len(names))
+	mget[0] = "MGET"
+	w := 0
+	for i, name := range names {
+		if w < len(watch) && watch[w] == name {
+			mget[1+i] = watchArgs[1+w]
+			w++
+		} else if j := slices.Index(watch[:w], name); j >= 0 {
+			mget[1+i] = watchArgs[1+j]
+		} else {
+			mget[1+i] = name
+		}
+	}
+	var clock *redis.TimeCmd
+	var read *redis.Cmd
+	if _, err := tx.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Do(ctx, watchArgs...)
+		clock = p.Time(ctx)
+		read = p.Do(ctx, mget...)
+		return nil
+	}); err != nil {
+		return nil, time.Time{}, nil, classify("complete", err)
+	}
+	now = time.UnixMilli(clock.Val().UnixMilli())
+	if vals, err = read.Slice(); err != nil {
+		return nil, time.Time{}, nil, classify("complete", err)
+	}
+	if len(vals) != len(names) {
+		return nil, time.Time{}, nil, fmt.Errorf("complete: %d entries read for %d completions", len(vals), len(names))
+	}
+	return mget, now, vals, nil
 }
 
 // planCompletions applies decide.Complete, on the store's clock now, to

@@ -37,7 +37,7 @@ local function finish(name, raw, key, holder, source, st, rp, ro, ttl, keep)
   else
     ex = math.max(ex, now + tonumber(keep))
   end
-  local saved = st .. string.sub(raw, 8, at[8]) .. rp .. SEP .. ro .. string.sub(raw, at[10], at[11]) .. '0' .. SEP .. ex .. string.sub(raw, at[13])
+  local saved = st .. string.sub(raw, 8, at[8]) .. rp .. SEP .. ro .. string.sub(raw, at[10], at[11]) .. '0' .. SEP .. int(ex) .. string.sub(raw, at[13])
   redis.call('SET', name, saved, 'PXAT', ex)
   return 'ok'
 end
@@ -67,7 +67,7 @@ for i = 1, #KEYS do
     -- gone out on another one. A longer keep-at-least (an abandoned
     -- batch, whose records will be read again) is granted.
     if st == 'SUCCESS' then
-      e.ex = tostring(math.max(tonumber(e.ex), now + tonumber(ARGV[b + 8])))
+      e.ex = int(math.max(tonumber(e.ex), now + tonumber(ARGV[b + 8])))
     end
     save(name, e)
     out[i] = 'ok'
@@ -77,16 +77,16 @@ for i = 1, #KEYS do
     -- A release: the lease ends now. Saved even when it had ended, so
     -- that the WAIT behind a retried release covers it.
     if now < tonumber(e.lu) then
-      e.lu = tostring(now)
+      e.lu = int(now)
     end
     save(name, e)
     out[i] = 'ok'
   else
     e.s, e.rp, e.ro, e.lu = st, ARGV[b + 5], ARGV[b + 6], '0'
     if st == 'FAILED' then
-      e.ex = tostring(now + tonumber(ARGV[b + 7]))
+      e.ex = int(now + tonumber(ARGV[b + 7]))
     else
-      e.ex = tostring(math.max(tonumber(e.ex), now + tonumber(ARGV[b + 8])))
+      e.ex = int(math.max(tonumber(e.ex), now + tonumber(ARGV[b + 8])))
     end
     save(name, e)
     out[i] = 'ok'

@@ -39,39 +39,104 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
+	out := make([]dedupe.Decision, len(reqs))
 	// A renewal must not create an entry: no SET NX for it. Nor does a
 	// Cluster take the SET NX path: its entries carry absolute times (the
 	// lease, the window, the expiry) read from one clock, TIME of one
 	// node, while each entry lives on the master of its slot, whose
 	// scripts compare them with that master's own clock. decide.lua reads
 	// the clock of the node that holds the entry.
-	_, cluster := s.client.(*redis.ClusterClient)
-	if len(reqs) < fastPathMin || reqs[0].RenewOnly || cluster {
+	if len(reqs) < fastPathMin || reqs[0].RenewOnly || s.isCluster() {
 		all := make([]int, len(reqs))
 		for i := range all {
 			all[i] = i
 		}
-		out := make([]dedupe.Decision, len(reqs))
 		if err := s.decideScripted(ctx, reqs, names, all, out); err != nil {
 			return nil, err
 		}
 		return out, nil
 	}
-	timeRead := time.Now()
-	nowMs, err := s.client.Time(ctx).Result()
-	if err != nil {
-		return nil, classify("decide", err)
+	b := &fastBatch{s: s, reqs: reqs, names: names, out: out}
+	if err := b.run(ctx); err != nil {
+		return nil, err
 	}
-	now := time.UnixMilli(nowMs.UnixMilli())
+	return out, nil
+}
 
-	out := make([]dedupe.Decision, len(reqs))
-	slow := make([]int, 0, 8)
-	seen := make(map[string]struct{}, len(reqs))
-	fast := make([]*redis.Cmd, len(reqs))
+// fastBatch is one Decide call on the SET NX path, step by step: the SET
+// NX of each key's first record (setNX), the reads of the keys that
+// existed (decideRead), the later records of a key decided from what is
+// known of it (later), and decide.lua for every record that writes.
+type fastBatch struct {
+	s     *Store
+	reqs  []dedupe.DecideRequest
+	names []string
+	out   []dedupe.Decision
+	// now is the store's clock, read (at timeRead, on this clock) before
+	// the SET NX.
+	now, timeRead time.Time
+	// known holds the entries whose state after this batch's decisions
+	// so far is known here exactly: created by the SET NX, or read and
+	// left unchanged.
+	known map[string]*dedupe.Entry
+	// fromRead holds, per key, the records decided from a read so far:
+	// when a later record of the key needs the script, they go with it,
+	// so that every record of a key is decided against one state of its
+	// entry. (Another holder may change it between the read and the
+	// script: a record judged against the older state and a later one
+	// against the newer would be decided out of order. A decision from a
+	// read writes nothing, so deciding it again is safe.)
+	fromRead map[string][]int
+	// slow are the records decide.lua decides.
+	slow []int
+}
+
+func (b *fastBatch) run(ctx context.Context) error {
+	b.timeRead = time.Now()
+	nowMs, err := b.s.client.Time(ctx).Result()
+	if err != nil {
+		return classify("decide", err)
+	}
+	b.now = time.UnixMilli(nowMs.UnixMilli())
+	b.known = make(map[string]*dedupe.Entry, len(b.reqs))
+	b.fromRead = map[string][]int{}
+	existing, later, err := b.setNX(ctx)
+	if err != nil {
+		return err
+	}
+	if len(existing) > 0 {
+		scripted, err := b.s.decideRead(ctx, b.reqs, b.names, existing, b.now, b.timeRead, b.out, b.known)
+		if err != nil {
+			return err
+		}
+		b.slow = append(b.slow, scripted...)
+		for _, i := range existing {
+			if _, ok := b.known[b.names[i]]; ok {
+				b.fromRead[b.names[i]] = append(b.fromRead[b.names[i]], i)
+			}
+		}
+	}
+	if b.s.hooks.afterDecideRead != nil {
+		b.s.hooks.afterDecideRead()
+	}
+	b.later(later)
+	if len(b.slow) == 0 {
+		return nil
+	}
+	sort.Ints(b.slow)
+	return b.s.decideScripted(ctx, b.reqs, b.names, b.slow, b.out)
+}
+
+// setNX writes the entry of each key's first record with SET NX, and
+// returns the records whose key existed and the later records of a key
+// in the batch.
+func (b *fastBatch) setNX(ctx context.Context) (existing, later []int, err error) {
+	seen := make(map[string]struct{}, len(b.reqs))
+	fast := make([]*redis.Cmd, len(b.reqs))
 	// The arguments of every SET NX in one backing array: a command's
 	// own argument slice would be an allocation per record.
 	const setArgs = 6
-	args := make([]any, setArgs*len(reqs))
+	args := make([]any, setArgs*len(b.reqs))
 	var fastCmds []redis.Cmder
 	var fastKeys []string
 	// One pooled buffer for every value of the batch: building these is
@@ -83,35 +148,30 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		*bp = buf[:0]
 		valueBuffers.Put(bp)
 	}()
-	for i, r := range reqs {
-		if _, dup := seen[names[i]]; dup {
+	for i, r := range b.reqs {
+		if _, dup := seen[b.names[i]]; dup {
 			continue
 		}
-		seen[names[i]] = struct{}{}
+		seen[b.names[i]] = struct{}{}
 		// The entry the key gets if the SET NX succeeds, which it does
 		// for most: built in place.
-		out[i].Entry = newEntry(r, now)
+		b.out[i].Entry = newEntry(r, b.now)
 		start := len(buf)
-		buf = s.appendEntry(buf, &out[i].Entry)
+		buf = b.s.appendEntry(buf, &b.out[i].Entry)
 		a := args[setArgs*i : setArgs*(i+1) : setArgs*(i+1)]
-		a[0], a[1], a[2], a[3], a[4], a[5] = "SET", names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", out[i].Entry.RetainUntil().UnixMilli()
+		a[0], a[1], a[2], a[3], a[4], a[5] = "SET", b.names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", b.out[i].Entry.RetainUntil().UnixMilli()
 		fast[i] = redis.NewCmd(ctx, a...)
-		fastCmds, fastKeys = append(fastCmds, fast[i]), append(fastKeys, names[i])
+		fastCmds, fastKeys = append(fastCmds, fast[i]), append(fastKeys, b.names[i])
 	}
-	execErr, ackErr := s.roundTrips(ctx, "decide", fastKeys, fastCmds)
+	execErr, ackErr := b.s.roundTrips(ctx, "decide", fastKeys, fastCmds)
 	if execErr != nil && !errors.Is(execErr, redis.Nil) {
-		return nil, classify("decide", execErr)
+		return nil, nil, classify("decide", execErr)
 	}
 	if ackErr != nil {
-		return nil, ackErr
+		return nil, nil, ackErr
 	}
-	var existing, later []int
 	// Only completeCAS takes what the SET NX wrote.
-	remember := casState(s.cas.Load()) == casSupported && !s.waits("complete")
-	// known holds the entries whose state after this batch's decisions so
-	// far is known here exactly: created by the SET NX, or read and left
-	// unchanged.
-	known := make(map[string]*dedupe.Entry, len(reqs))
+	remember := casState(b.s.cas.Load()) == casSupported && !b.s.waits("complete")
 	for i, cmd := range fast {
 		if cmd == nil {
 			later = append(later, i)
@@ -119,81 +179,59 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 		}
 		switch err := cmd.Err(); {
 		case err == nil:
-			out[i].Verdict = dedupe.VerdictFirst
-			known[names[i]] = &out[i].Entry
+			b.out[i].Verdict = dedupe.VerdictFirst
+			b.known[b.names[i]] = &b.out[i].Entry
 			if remember {
-				s.written.put(names[i], args[setArgs*i+2].([]byte), &out[i].Entry)
+				b.s.written.put(b.names[i], args[setArgs*i+2].([]byte), &b.out[i].Entry)
 			}
 		case errors.Is(err, redis.Nil):
 			existing = append(existing, i)
 		default:
-			return nil, classify("decide", err)
+			return nil, nil, classify("decide", err)
 		}
 	}
-	// fromRead holds, per key, the records decided from a read so far:
-	// when a later record of the key needs the script, they go with it,
-	// so that every record of a key is decided against one state of its
-	// entry. (Another holder may change it between the read and the
-	// script: a record judged against the older state and a later one
-	// against the newer would be decided out of order. A decision from a
-	// read writes nothing, so deciding it again is safe.)
-	fromRead := map[string][]int{}
-	if len(existing) > 0 {
-		scripted, err := s.decideRead(ctx, reqs, names, existing, now, timeRead, out, known)
-		if err != nil {
-			return nil, err
-		}
-		slow = append(slow, scripted...)
-		for _, i := range existing {
-			if _, ok := known[names[i]]; ok {
-				fromRead[names[i]] = append(fromRead[names[i]], i)
-			}
-		}
-	}
-	if s.hooks.afterDecideRead != nil {
-		s.hooks.afterDecideRead()
-	}
-	// A later record of a key decided above in this batch (a retry close
-	// behind its first copy) is decided here from the known entry when
-	// that changes nothing (a replay or a conflict against this holder's
-	// own PENDING entry); once one of a key's records needs the script,
-	// the key's later ones follow it there, in order.
-	stale := time.Since(timeRead) > readMargin/2
-	toScript := func(i int) {
-		delete(known, names[i])
-		slow = append(slow, fromRead[names[i]]...)
-		delete(fromRead, names[i])
-		slow = append(slow, i)
-	}
+	return existing, later, nil
+}
+
+// later decides the later records of a key decided above in this batch
+// (a retry close behind its first copy) from the known entry when that
+// changes nothing (a replay or a conflict against this holder's own
+// PENDING entry); once one of a key's records needs the script, the
+// key's later ones follow it there, in order.
+func (b *fastBatch) later(later []int) {
+	stale := time.Since(b.timeRead) > readMargin/2
 	for _, i := range later {
-		e := known[names[i]]
+		name := b.names[i]
+		e := b.known[name]
 		// Another key can share the name (namespace "a:b" with key "c",
 		// namespace "a" with "b:c"): such a record goes to the script,
 		// which refuses an entry that holds another key (decideRead sends
 		// it there too).
-		if e == nil || e.Key != reqs[i].Key || stale || nearBoundary(e, reqs[i], now) {
-			toScript(i)
+		if e == nil || e.Key != b.reqs[i].Key || stale || nearBoundary(e, b.reqs[i], b.now) {
+			b.toScript(i)
 			continue
 		}
-		dec, next := decide.Decide(e, reqs[i], now)
+		dec, next := decide.Decide(e, b.reqs[i], b.now)
 		if next != nil {
-			toScript(i)
+			b.toScript(i)
 			continue
 		}
-		dec.Entry.Now = now
-		out[i] = dec
-		if _, ok := fromRead[names[i]]; ok {
-			fromRead[names[i]] = append(fromRead[names[i]], i)
+		dec.Entry.Now = b.now
+		b.out[i] = dec
+		if _, ok := b.fromRead[name]; ok {
+			b.fromRead[name] = append(b.fromRead[name], i)
 		}
 	}
-	sort.Ints(slow)
-	if len(slow) == 0 {
-		return out, nil
-	}
-	if err := s.decideScripted(ctx, reqs, names, slow, out); err != nil {
-		return nil, err
-	}
-	return out, nil
+}
+
+// toScript sends record i to decide.lua, with the records of its key
+// decided from a read, and every later record of its key after it.
+func (b *fastBatch) toScript(i int) {
+	name := b.names[i]
+	delete(b.known, name)
+	b.slow = append(b.slow, b.fromRead[name]...)
+	delete(b.fromRead, name)
+	b.slow = append(b.slow, i)
 }
 
 // decideRead decides the records whose key exists (their SET NX failed)

@@ -16,8 +16,8 @@
 --          and entry is "" for a new entry (the caller rebuilds it)
 local sem, window, lease, holder, rd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 RETENTION_MS, COMPACT = tonumber(ARGV[6]), ARGV[7] == 'c'
-local out = {tostring(now)}
-local lu, nex = tostring(now + lease), tostring(now + window)
+local out = {int(now)}
+local lu, nex = int(now + lease), int(now + window)
 
 local function decide(name, key, fp, source, ip, ifl, event, final)
   local clock = now
@@ -37,7 +37,7 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
 
   -- Most records carry a new key: one SET NX decides them.
   local fresh = encode({s = 'PENDING', fp = fp, rd = rd, oh = holder, os = source, fs = source, ip = ip, ifl = ifl,
-    rp = '-1', ro = '-1', ws = tostring(clock), lu = lu, ex = nex, k = key})
+    rp = '-1', ro = '-1', ws = int(clock), lu = lu, ex = nex, k = key})
   local keep = math.max(now + window, now + lease + RETENTION_MS)
   if redis.call('SET', name, fresh, 'NX', 'PXAT', keep) then
     return 'first', '0000', ''
@@ -82,7 +82,7 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
     if not same_to_act then return 'conflict', '00' .. tail, raw end
     e.s, e.fp, e.rd, e.oh, e.os = 'PENDING', fp, rd, holder, source
     e.ip, e.ifl, e.rp, e.ro = ip, ifl, '-1', '-1'
-    e.lu, e.ws, e.ex = lu, tostring(clock), nex
+    e.lu, e.ws, e.ex = lu, int(clock), nex
     return 'first', '01' .. tail, save(name, e)
   end
 

@@ -157,15 +157,28 @@ func (s *Store) appendEntry(b []byte, e *dedupe.Entry) []byte {
 }
 
 // appendEntryOver appends e, read as was (a stored value), to be written
-// over it: compact when the store writes compact entries or was one. A
-// compact entry read back holds hashes it may not resolve (readContext),
-// which a text entry would keep as they read: a compact entry stays
-// compact whoever writes it.
+// over it: compact when the store writes compact entries, or when was is
+// one and e holds a hash this reader did not resolve (readContext),
+// which a text entry would keep as it reads.
 func (s *Store) appendEntryOver(b []byte, e *dedupe.Entry, was any) []byte {
-	if raw, ok := was.(string); s.compact || ok && isCompact(raw) {
+	if raw, ok := was.(string); s.compact || ok && isCompact(raw) && unresolved(e) {
 		return appendCompact(b, e)
 	}
 	return appendTextEntry(b, e)
+}
+
+// unresolved reports whether e holds a hash its reader could not resolve
+// (compact.go): a text entry would keep it as it reads. An entry without
+// one is written as text by a store that writes text, so that compact
+// entries end once no store writes them.
+func unresolved(e *dedupe.Entry) bool {
+	return hashForm(e.Owner.Holder) || len(e.RulesDigest) == 23 && isDigest(e.RulesDigest, 16) ||
+		unresolvedSource(e.Owner.Source) || unresolvedSource(e.FirstSource)
+}
+
+func unresolvedSource(s string) bool {
+	topic, _, _, ok := splitSource(s)
+	return ok && hashForm(topic)
 }
 
 // isCompact reports whether a stored value is a compact entry: a text

@@ -78,6 +78,15 @@ local function int32(r)
   return v
 end
 local function is_hash(s) return #s == 9 and string.find(s, '^#[0-9a-f]+$') ~= nil end
+-- int64_text: s is an int64 as strconv.FormatInt writes it.
+local function int64_text(s)
+  if s == '0' then return true end
+  local digits = string.match(s, '^%-?([1-9]%d*)$')
+  if not digits or #digits > 19 then return false end
+  if #digits < 19 then return true end
+  if string.sub(s, 1, 1) == '-' then return digits <= '9223372036854775808' end
+  return digits <= '9223372036854775807'
+end
 local function decimal(s) return #s <= 15 and (s == '0' or string.find(s, '^[1-9][0-9]*$') ~= nil) end
 local function is_digest(s, n)
   return (#s == 71 or #s == 7 + n) and string.find(s, '^sha256:[0-9a-f]+$') ~= nil
@@ -105,15 +114,21 @@ local function source(r, num, ctx)
   local h = hex(take(r, 4))
   local p = uvarint(r)
   local o = uvarint(r)
+  if p > 2147483647 or o >= 1e15 then r.bad = true end
   return topic_of(h, ctx) .. '/' .. int(p) .. '/' .. int(o)
 end
 
 -- decode_compact reads a compact entry into text fields; nil if it does
 -- not decode. ctx: key, holder, rd, topic (any may be nil).
 local function decode_compact(name, raw, ctx)
-  local st = STATES[string.byte(raw, 1)]
+  local b0 = string.byte(raw, 1)
+  local st = STATES[b0 % 4]
   local flags = string.byte(raw, 2)
-  if not st or not flags then return nil end
+  if not st or not flags or b0 >= 32 then return nil end
+  -- The intent's flags (compact.go: compactIntent, compactIntentRel,
+  -- compactFloorText).
+  local kept, rel, ftext = has(b0, 4), has(b0, 8), has(b0, 16)
+  if st == 'PENDING' and kept or st ~= 'PENDING' and b0 >= 4 and not kept or rel and ftext then return nil end
   local r = reader(raw, 3)
   local e = {s = st}
   -- Each field in the one form encode_compact writes it in (compact.go).
@@ -145,9 +160,23 @@ local function decode_compact(name, raw, ctx)
     e.fs = source(r, has(flags, F_FIRST_NUM), ctx)
     if e.fs == e.os then return nil end
   end
+  local ro
+  e.rp, ro = int(int32(r)), zigzag(r)
+  e.ro = int(ro)
   e.ip, e.ifl = '-1', '-1'
-  if st == 'PENDING' then e.ip, e.ifl = int(int32(r)), int(zigzag(r)) end
-  e.rp, e.ro = int(int32(r)), int(zigzag(r))
+  if st == 'PENDING' or kept then
+    if rel then
+      e.ip, e.ifl = e.rp, int(ro - zigzag(r))
+    else
+      e.ip = int(int32(r))
+      if ftext then
+        e.ifl = text(r)
+        if not int64_text(e.ifl) then return nil end
+      else
+        e.ifl = int(zigzag(r))
+      end
+    end
+  end
   local ws = zigzag(r)
   e.ws = int(ws)
   e.ex = int(ws + zigzag(r))
@@ -227,19 +256,23 @@ local function put_source(out, s)
   return false
 end
 
--- compactable is compact.go's: every number within 2^52, or the entry
--- is written as text.
+-- in_range is compact.go's inCompactRange: within 2^52.
+local function in_range(v) return v > -4503599627370496 and v < 4503599627370496 end
+
+-- compactable is compact.go's: every number within 2^52 (but an
+-- intent's floor, written as text beyond), or the entry is written as
+-- text.
 local function compactable(e)
   local ws, lease = tonumber(e.ws), 0
   if tonumber(e.lu) > 0 then lease = tonumber(e.lu) - ws end
-  for _, v in ipairs({tonumber(e.ip), tonumber(e.ifl), tonumber(e.rp), tonumber(e.ro), ws, tonumber(e.ex) - ws, lease}) do
-    if v <= -4503599627370496 or v >= 4503599627370496 then return false end
+  for _, v in ipairs({tonumber(e.ro), ws, tonumber(e.ex) - ws, lease}) do
+    if not in_range(v) then return false end
   end
   return true
 end
 
 local function encode_compact(e)
-  local out, flags = {string.char(STATE_BYTE[e.s]), ''}, 0
+  local out, flags = {'', ''}, 0
   if is_digest(e.fp, 64) then
     flags = flags + F_FP
     out[#out + 1] = unhex(string.sub(e.fp, 8))
@@ -264,12 +297,26 @@ local function encode_compact(e)
   elseif put_source(out, e.fs) then
     flags = flags + F_FIRST_NUM
   end
-  if e.s == 'PENDING' then
-    put_zigzag(out, tonumber(e.ip))
-    put_zigzag(out, tonumber(e.ifl))
-  end
   put_zigzag(out, tonumber(e.rp))
   put_zigzag(out, tonumber(e.ro))
+  local b0 = STATE_BYTE[e.s]
+  local finished = e.s ~= 'PENDING'
+  if not finished or e.ip ~= '-1' or e.ifl ~= '-1' then
+    if finished then b0 = b0 + 4 end
+    local floor, ro = tonumber(e.ifl), tonumber(e.ro)
+    if finished and e.ip == e.rp and in_range(floor) and in_range(ro - floor) and e.ifl == int(floor) then
+      b0 = b0 + 8
+      put_zigzag(out, ro - floor)
+    elseif in_range(floor) and e.ifl == int(floor) then
+      put_zigzag(out, tonumber(e.ip))
+      put_zigzag(out, floor)
+    else
+      b0 = b0 + 16
+      put_zigzag(out, tonumber(e.ip))
+      put_text(out, e.ifl)
+    end
+  end
+  out[1] = string.char(b0)
   local ws = tonumber(e.ws)
   put_zigzag(out, ws)
   put_zigzag(out, tonumber(e.ex) - ws)
@@ -287,10 +334,20 @@ local function encode_compact(e)
   return table.concat(out)
 end
 
--- encode writes a new entry in the store's format; an entry read compact
--- stays compact (its hashes may not resolve to what a text entry holds).
+-- unresolved is entry.go's: e holds a hash its reader did not resolve,
+-- which a text entry would keep as it reads.
+local function unresolved_source(s)
+  local topic = split_source(s)
+  return topic ~= nil and is_hash(topic)
+end
+local function unresolved(e)
+  return is_hash(e.oh) or #e.rd == 23 and is_digest(e.rd, 16) or unresolved_source(e.os) or unresolved_source(e.fs)
+end
+
+-- encode writes an entry in the store's format; an entry read compact
+-- stays compact while it holds a hash its reader did not resolve.
 local function encode(e)
-  if (COMPACT or e.compact) and compactable(e) then return encode_compact(e) end
+  if (COMPACT or e.compact and unresolved(e)) and compactable(e) then return encode_compact(e) end
   return table.concat({e.s, e.fp, e.rd, e.oh, e.os, e.fs, e.ip, e.ifl, e.rp, e.ro, e.ws, e.lu, e.ex, e.k}, SEP)
 end
 

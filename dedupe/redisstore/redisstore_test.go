@@ -597,18 +597,21 @@ func serverCPU(b *testing.B, c redis.UniversalClient) time.Duration {
 // Valkey 8.1 with SET … IFEQ and, for the comparison on the same server,
 // without it.
 func BenchmarkServerCPUPerRecord(b *testing.B) {
+	compact := redisstore.WithCompactEntries()
 	b.Run("redis", func(b *testing.B) { benchServerCPU(b, testenv.RedisAddr(b), false) })
+	b.Run("redis-compact", func(b *testing.B) { benchServerCPU(b, testenv.RedisAddr(b), false, compact) })
 	b.Run("valkey-set-ifeq", func(b *testing.B) { benchServerCPU(b, testenv.ValkeyAddr(b), false) })
+	b.Run("valkey-set-ifeq-compact", func(b *testing.B) { benchServerCPU(b, testenv.ValkeyAddr(b), false, compact) })
 	b.Run("valkey-watch", func(b *testing.B) { benchServerCPU(b, testenv.ValkeyAddr(b), true) })
 }
 
-func benchServerCPU(b *testing.B, addr string, noSetIfEq bool) {
+func benchServerCPU(b *testing.B, addr string, noSetIfEq bool, opts ...redisstore.Option) {
 	c, err := redisstore.NewClient(redisstore.Options{URL: "redis://" + addr + "/0", Timeout: 10 * time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	s := redisstore.New(c, freshPrefix())
+	s := redisstore.New(c, freshPrefix(), opts...)
 	if noSetIfEq {
 		redisstore.WithoutSetIfEq(s)
 	}

@@ -260,6 +260,20 @@ var cases = []testCase{
 		if dec.Mismatch || dec.Entry.Result.Offset != 777 || dec.Entry.FirstSource != "commands/0/10" {
 			t.Errorf("replay decision = %+v", dec)
 		}
+		// A finished entry keeps its intent: the front door names a kept
+		// answer by it.
+		if dec.Entry.Intent != r.Intent {
+			t.Errorf("the finished entry's intent is %+v, was %+v", dec.Entry.Intent, r.Intent)
+		}
+		// An intent of any floor (the front door's are random attempts
+		// of 63 bits), on another partition than its result.
+		far := req("far", fpA, dedupe.Strict, holderA, "commands/0/11")
+		far.Intent = dedupe.Intent{Partition: 5, Floor: 1<<62 + 12345}
+		d.one(far, dedupe.VerdictFirst)
+		d.mustComplete(complete(far, dedupe.Failed, dedupe.NoPosition))
+		if e, _ := d.lookup("far"); e.State != dedupe.Failed || e.Intent != far.Intent {
+			t.Errorf("after a FAILED completion: %+v, want intent %+v", e, far.Intent)
+		}
 	}},
 	{"StrictConflictLeavesStateUnchanged", func(t *testing.T, h Harness, d *driver) {
 		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")

@@ -229,6 +229,7 @@ pipelines:
 		fl.previous = prev
 		t.Logf("odd-numbered instances run the previous release's binary %s", prev)
 	}
+	fl.format = chaosEntryFormat(t, fl.previous != "")
 	joiner := members // the slot of the member that joins and leaves
 	fl.startAll()
 	readyBy := time.Now().Add(90 * time.Second)

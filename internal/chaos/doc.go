@@ -118,8 +118,10 @@
 // and IDEMSTREAM_CHAOS_PREVIOUS=BIN runs the odd-numbered instances from
 // another release's binary (a rolling upgrade in mid-course: build it
 // with `git worktree add /tmp/prev REV && go build -C /tmp/prev -o
-// /tmp/idemstream-prev ./cmd/idemstream`). `go test -short` skips the
-// test.
+// /tmp/idemstream-prev ./cmd/idemstream`), and
+// IDEMSTREAM_CHAOS_ENTRY_FORMAT=text|compact|mixed chooses the entries
+// the instances write (mixed, the default: even slots compact, odd ones
+// text; text with a previous release). `go test -short` skips the test.
 //
 // The liveness bounds judge each continuous stall of a partition. Faults
 // that follow each other before the group has recovered add up into one

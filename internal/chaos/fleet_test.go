@@ -94,7 +94,11 @@ type fleet struct {
 	// binary, which the odd-numbered slots run: a group in the middle of a
 	// rolling upgrade.
 	previous string
-	config   string
+	// format is the entry format the slots write: text, compact, or
+	// mixed (even slots compact, odd text: a group in the middle of the
+	// second step of docs/operations.md, "Upgrading to compact entries").
+	format string
+	config string
 	mu       sync.Mutex
 	slots    []*slot
 	kills    int
@@ -145,6 +149,9 @@ func (f *fleet) start(s *slot) {
 	cmd.Env = childEnv()
 	if !s.optional {
 		cmd.Env = append(cmd.Env, fmt.Sprintf("IDEMSTREAM_INSTANCE_ID=chaos-%d", s.id))
+	}
+	if f.format == "compact" || f.format == "mixed" && s.id%2 == 0 {
+		cmd.Env = append(cmd.Env, "IDEMSTREAM_REDIS_ENTRY_FORMAT=compact")
 	}
 	// Should this test process die, its instances die with it.
 	cmd.SysProcAttr = testenv.ChildProcAttr()
@@ -563,4 +570,25 @@ func (f *fleet) waitServing(timeout time.Duration) bool {
 		}
 	}
 	return true
+}
+
+// chaosEntryFormat is IDEMSTREAM_CHAOS_ENTRY_FORMAT: text, compact or
+// mixed (the default: even slots write compact entries, odd ones text,
+// so that every run holds both formats and each member reads the
+// other's). With a previous release in the group it is text: a release
+// before the compact format reads a compact entry as none.
+func chaosEntryFormat(t *testing.T, previous bool) string {
+	f := os.Getenv("IDEMSTREAM_CHAOS_ENTRY_FORMAT")
+	switch {
+	case f == "" && previous:
+		f = "text"
+	case f == "":
+		f = "mixed"
+	case f != "text" && previous:
+		t.Fatalf("IDEMSTREAM_CHAOS_ENTRY_FORMAT=%s with a previous release in the group: it would read compact entries as none", f)
+	case f != "text" && f != "compact" && f != "mixed":
+		t.Fatalf("IDEMSTREAM_CHAOS_ENTRY_FORMAT=%s: want text, compact or mixed", f)
+	}
+	t.Logf("entry format: %s", f)
+	return f
 }
