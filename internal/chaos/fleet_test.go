@@ -97,14 +97,14 @@ type fleet struct {
 	// format is the entry format the slots write: text, compact, or
 	// mixed (even slots compact, odd text: a group in the middle of the
 	// second step of docs/operations.md, "Upgrading to compact entries").
-	format string
-	config string
-	mu       sync.Mutex
-	slots    []*slot
-	kills    int
-	starts   int
-	crashes  []string // unexpected exits
-	stopped  bool
+	format  string
+	config  string
+	mu      sync.Mutex
+	slots   []*slot
+	kills   int
+	starts  int
+	crashes []string // unexpected exits
+	stopped bool
 }
 
 // newFleet makes n instances that always run, and optional more that run
