@@ -215,6 +215,11 @@ func (k *KafkaTopic) Scan(ctx context.Context, fn func(*dedupe.Record) error) er
 			return err
 		}
 	}
+	// A partition whose fetches stopped for a cancelled context looks
+	// finished: the range was not read to its end.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	report()
 	return nil
 }

@@ -2,6 +2,7 @@ package audit_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -98,6 +99,27 @@ func TestKafkaTopicFromAndMaxRecords(t *testing.T) {
 
 	if _, err := (&audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: "nope"}).Partitions(ctx); err == nil {
 		t.Error("a topic that does not exist was read")
+	}
+}
+
+// A scan whose context ends before it does reports it: the partitions
+// whose fetches stopped would otherwise pass for read to their end, and
+// an interrupted audit (or dlq summary) for a complete one.
+func TestKafkaTopicScanCancelled(t *testing.T) {
+	client := fakeCluster(t, 3, "claims")
+	p := audittest.Plant("claims", 3)
+	audittest.Produce(t, client, "claims", p.Records)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	read := 0
+	err := (&audit.KafkaTopic{Reader: sinks.NewKafka(client), Topic: "claims"}).Scan(ctx, func(*dedupe.Record) error {
+		if read++; read == 10 {
+			cancel()
+		}
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("a scan cancelled after %d records returned %v, want context.Canceled", read, err)
 	}
 }
 

@@ -67,6 +67,7 @@ func init() {
 		{"validate", "check a configuration (and with --check-servers its Kafka topics and Redis) without running", cmdValidate},
 		{"proxy", "serve the http section's routes idempotently in front of their upstream", cmdProxy},
 		{"audit", "read a command topic and show what \"the same request\" means in it", cmdAudit},
+		{"dlq", "summary, show and redrive: count, explain and send back a pipeline's dead letters", cmdDLQ},
 		{"version", "print the version", cmdVersion},
 	}
 }
