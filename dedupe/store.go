@@ -224,6 +224,10 @@ type Completion struct {
 // the key (it was taken over, or the entry expired).
 //
 // Lookup returns the stored entry of a key, and false when there is none.
+// A store may give a finished entry's holder as its HolderDigest, and
+// what else it keeps only as a hash in a form that says so (redisstore's
+// compact entries); Decide and Complete compare with what their caller
+// brings, and see no difference.
 //
 // Every method returns an error wrapping ErrStoreUnavailable when the store
 // did not answer; no decision or completion in that call may be assumed.

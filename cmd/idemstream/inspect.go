@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemstream/idemstream/consumer"
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/schemas"
 )
 
 func cmdInspect(ctx context.Context, e *env, args []string) (err error) {
@@ -53,6 +55,7 @@ func cmdInspect(ctx context.Context, e *env, args []string) (err error) {
 	if err != nil {
 		return err
 	}
+	entry.RulesDigest = currentRules(cfg, p, entry.RulesDigest)
 	if output == "json" {
 		if !found {
 			return writeJSON(e, map[string]any{"key": key, "pipeline": p.Name, "found": false})
@@ -65,6 +68,28 @@ func cmdInspect(ctx context.Context, e *env, args []string) (err error) {
 	}
 	printEntry(e, entry)
 	return nil
+}
+
+// currentRules gives back the pipeline's rules digest for rd when rd is
+// its first 16 hex digits, as a compact entry keeps it; any other digest
+// (rules since changed, or a pipeline whose rules cannot be built here)
+// is printed as stored.
+func currentRules(cfg *schemas.Config, p schemas.Pipeline, rd string) string {
+	if len(rd) != len("sha256:")+16 {
+		return rd
+	}
+	pol, err := cfg.Policy(p)
+	if err != nil {
+		return rd
+	}
+	canon, err := dedupe.NewCanonicalizer(pol.Rules)
+	if err != nil {
+		return rd
+	}
+	if d := canon.RulesDigest(); strings.HasPrefix(d, rd) {
+		return d
+	}
+	return rd
 }
 
 // entryJSON is an entry as inspect -o json prints it: times in RFC 3339 on

@@ -16,6 +16,7 @@ import (
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/dedupe/redisstore"
 	"github.com/idemstream/idemstream/internal/testenv"
+	"github.com/idemstream/idemstream/schemas"
 )
 
 const exampleConfig = "../../deploy/examples/idemstream.yaml"
@@ -253,6 +254,63 @@ func TestInspectRealRedis(t *testing.T) {
 	left, _, _ := strings.Cut(after, "\n")
 	if d, err := time.ParseDuration(left); err != nil || d <= 9*time.Minute || d > 10*time.Minute {
 		t.Errorf("inspect: window left %q, want within the 10m window:\n%s", left, r.stdout)
+	}
+}
+
+// A compact entry keeps hashes where a reader brings the value: inspect
+// gives back the pipeline's input topic and its current rules digest, and
+// shows a finished key's holder as its digest.
+func TestInspectCompactEntry(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	dir := t.TempDir()
+	prefix := "inspectc" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	cfg := writeFile(t, dir, "c.yaml", "store: {kind: redis, redis: {url: 'redis://"+addr+"/0', prefix: "+prefix+", entry_format: compact}}\n"+
+		"pipelines:\n  - {name: coupon-claim, input: coupon.claim.commands, output: out, dlq: dlq}\n")
+	loaded, err := schemas.Load(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := loaded.Policy(loaded.Pipelines[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	canon, err := dedupe.NewCanonicalizer(pol.Rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := redisstore.NewClient(redisstore.Options{URL: "redis://" + addr + "/0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	store := redisstore.New(c, prefix, redisstore.WithCompactEntries())
+	key := "9f8a2c1d-3e4f-4a5b-8c6d-7e8f9a0b1c2d"
+	fp := "sha256:" + strings.Repeat("ab", 32)
+	req := dedupe.DecideRequest{Namespace: "coupon-claim", Key: key, Fingerprint: fp, RulesDigest: canon.RulesDigest(),
+		Semantics: dedupe.Strict, Window: 10 * time.Minute, Lease: 30 * time.Second,
+		Owner: dedupe.Owner{Holder: "host-1/g3r1/coupon.claim.commands/0", Source: "coupon.claim.commands/0/7"}, Intent: dedupe.Intent{Partition: 2, Floor: 40}}
+	if _, err := store.Decide(context.Background(), []dedupe.DecideRequest{req}); err != nil {
+		t.Fatal(err)
+	}
+	errs, err := store.Complete(context.Background(), []dedupe.Completion{{Namespace: "coupon-claim", Key: key, Owner: req.Owner,
+		State: dedupe.Success, Result: dedupe.ResultRef{Partition: 2, Offset: 41}}})
+	if err != nil || errs[0] != nil {
+		t.Fatal(err, errs)
+	}
+	raw, err := c.Get(context.Background(), prefix+":{coupon-claim:"+key+"}").Bytes()
+	if err != nil || raw[0] >= ' ' {
+		t.Fatalf("the entry is not compact: %q %v", raw, err)
+	}
+	r := runCLI(t, "", "inspect", "--config", cfg, key)
+	if r.code != 0 {
+		t.Fatalf("inspect: %d %s", r.code, r.stderr)
+	}
+	for _, want := range []string{"state:        SUCCESS", "fingerprint:  " + fp, "rules:        " + canon.RulesDigest(),
+		"first source: coupon.claim.commands/0/7", "owner:        " + dedupe.HolderDigest(req.Owner.Holder) + "@coupon.claim.commands/0/7",
+		"intent:       partition 2 offset 40", "result:       partition 2 offset 41"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("inspect output lacks %q:\n%s", want, r.stdout)
+		}
 	}
 }
 
