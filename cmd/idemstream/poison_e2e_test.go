@@ -47,7 +47,8 @@ func jsonOf(n int, key string) []byte {
 //
 // Judged from the topics: every ordinary command one result, each large one
 // exactly one outcome, no dead letter twice, the committed offset at the
-// end, the process still running and ready.
+// end, the process still running and ready. The store's entries are
+// compact.
 func TestPoisonRecordsOnTheRealBroker(t *testing.T) {
 	brokers := testenv.KafkaBrokers(t)
 	redisAddr := testenv.RedisAddr(t)
@@ -85,7 +86,9 @@ func TestPoisonRecordsOnTheRealBroker(t *testing.T) {
 		}
 	}
 
-	inst := startInstanceWith(t, config, nil)
+	// Compact entries: the format a deployment moves to (the other
+	// end-to-end runs write text).
+	inst := startInstanceWith(t, config, map[string]string{"IDEMSTREAM_REDIS_ENTRY_FORMAT": "compact"})
 
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	committed := func() int64 {
@@ -106,6 +109,9 @@ func TestPoisonRecordsOnTheRealBroker(t *testing.T) {
 	})
 	if code, body := inst.get("/readyz"); code != 200 {
 		t.Errorf("/readyz = %d %s after the poison records", code, body)
+	}
+	if raw, err := testenv.RedisCommand(redisAddr, "GET", name+":{p:k00}"); err != nil || raw == "" || raw[0] >= ' ' {
+		t.Errorf("the entry of k00 is %q (%v), want a compact entry", raw, err)
 	}
 
 	reader := sinks.NewKafka(client)
