@@ -46,7 +46,7 @@
 //
 //	lim, _ := dlq.NewLimiter(100, nil) // 100 records a second
 //	rd, err := dlq.NewRedriver(kafka, kafka, dlq.RedriveOptions{
-//		Pipeline: p.Name, DLQ: p.DLQ, Input: p.Input, Limiter: lim,
+//		Pipeline: p.Name, DLQ: p.DLQ, Input: p.Input, Output: p.Output, Limiter: lim,
 //		Select: dlq.Selector{Reasons: []dedupe.Reason{dedupe.ReasonHandlerFailed}},
 //	})
 //	report, err := rd.Run(ctx, &audit.KafkaTopic{Reader: kafka, Topic: p.DLQ})
@@ -55,26 +55,33 @@
 // meets the same stored key again and an invalid record the same rules,
 // so both come straight back.
 //
-// # Why a redrive is safe to repeat and to interrupt
+// # What a redrive does not send
 //
 // A redriven record keeps its key and its body, so it has the fingerprint
-// of the command that failed, and a source (offset) of its own. The
-// pipeline's decision table (internal/decide) then gives every copy of it
-// one outcome between them:
+// of the command that failed. The pipeline's decision table
+// (internal/decide) runs the handler again for it when the key is FAILED
+// with that fingerprint, and also when the key is forgotten: a key that
+// got its result after the dead letter (a client's retry, a redelivery
+// after a crash between the dead letter and FAILED, an earlier redrive)
+// is forgotten when that result's window ends, and a copy then is a new
+// command. So Run looks before it sends. It reads the dead-letter topic
+// twice: the first pass finds the dead letters that may be sent, the
+// earliest one's time and each key's latest handler_failed dead letter;
+// then it reads, from that time to their end offsets, the pipeline's
+// output (a dead letter whose key has a result at or after it is skipped,
+// [SkippedHasResult]) and the topics it writes to (a dead letter named by
+// an idemstream-redrive-of there was sent before, [SkippedRedrivenBefore]),
+// and sends in the second pass. Per key only the latest selected
+// handler_failed dead letter is sent ([SkippedSuperseded],
+// [SkippedDuplicate]). Force lifts none of these.
 //
-//   - the key is FAILED with that fingerprint: the first copy to arrive
-//     runs the handler again (a rerun), once; a FAILED key whose
-//     failed_ttl ended is forgotten, and the copy is a first;
-//   - the key is SUCCESS (a redrive before, or a client's retry, got it
-//     through): the copy is a replay, no second result;
-//   - the key is PENDING under another copy: the copy waits, then replays.
-//
-// Two copies written by two redrives, or by one redrive stopped half-way
-// and run again, land in the same partition in order, so the first is
-// decided before the second. Within one run, dead letters of the same key
-// and fingerprint (a command that failed twice) are sent once. A write of
-// unknown outcome is tried again; a second copy it leaves is a replay.
-// What "exactly one result" cannot cover is a key's window: a redrive
-// repeated after the window of the first redrive's result has ended is a
-// new command, as any command is once its key is forgotten.
+// A redrive run again, however long after, thus sends nothing it sent
+// before. What it cannot see: records that retention removed from the
+// output or the input, a redrive running at the same time, copies written
+// to other topics, and a later dead letter outside the selection; "after"
+// compares record timestamps. Copies of one command go to one partition
+// (the one it was consumed from, or that of its Kafka key or idempotency
+// key), in order, so a second copy that a write of unknown outcome left is
+// decided after the first: a replay. A record the broker refuses for its
+// size is skipped ([SkippedTooLarge]) and the others are sent.
 package dlq

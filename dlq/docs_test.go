@@ -100,3 +100,32 @@ func TestJSONShapesAsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// Every reason a redrive skips a dead letter for is explained under
+// "### redrive -o json", and the text output explains each too.
+func TestSkipReasonsAsDocumented(t *testing.T) {
+	b, err := os.ReadFile("../docs/dlq.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	i := strings.Index(doc, "\n### redrive -o json\n")
+	if i < 0 {
+		t.Fatal(`docs/dlq.md has no "### redrive -o json"`)
+	}
+	section := doc[i+1:]
+	if end := strings.Index(section, "\n## "); end >= 0 {
+		section = section[:end]
+	}
+	section = strings.Join(strings.Fields(section), " ")
+	for _, why := range dlq.SkipReasons() {
+		if !strings.Contains(section, "`"+why+"` (") {
+			t.Errorf("docs/dlq.md, redrive -o json: skip reason %q is not explained", why)
+		}
+		rep := dlq.RedriveReport{Skipped: map[string]int64{why: 1}}
+		var text strings.Builder
+		if err := rep.WriteText(&text); err != nil || !strings.Contains(text.String(), "  "+why+" ") {
+			t.Errorf("the text output does not explain %q (%v):\n%s", why, err, text.String())
+		}
+	}
+}

@@ -87,6 +87,13 @@ func fingerprint(body []byte) string {
 // cluster is an in-process Kafka with the test's topics.
 func cluster(t *testing.T, partitions int32, topics ...string) *sinks.Kafka {
 	t.Helper()
+	k, _ := clusterClient(t, partitions, topics...)
+	return k
+}
+
+// clusterClient is cluster, with the client it reads and writes through.
+func clusterClient(t *testing.T, partitions int32, topics ...string) (*sinks.Kafka, *kafka.Client) {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +101,30 @@ func cluster(t *testing.T, partitions int32, topics ...string) *sinks.Kafka {
 	t.Cleanup(c.Close)
 	transport := &kafka.Transport{}
 	t.Cleanup(transport.CloseIdleConnections)
-	return sinks.NewKafka(&kafka.Client{Addr: kafka.TCP(c.ListenAddrs()...), Timeout: 10 * time.Second, Transport: transport})
+	client := &kafka.Client{Addr: kafka.TCP(c.ListenAddrs()...), Timeout: 10 * time.Second, Transport: transport}
+	return sinks.NewKafka(client), client
+}
+
+// putAt writes m to its partition with the timestamp at, as the host
+// that wrote it stamped it, and returns its offset.
+func putAt(t *testing.T, c *kafka.Client, at time.Time, m sinks.Message) int64 {
+	t.Helper()
+	rec := kafka.Record{Time: at, Value: kafka.NewBytes(m.Value)}
+	if m.Key != nil {
+		rec.Key = kafka.NewBytes(m.Key)
+	}
+	for _, h := range m.Headers {
+		rec.Headers = append(rec.Headers, kafka.Header{Key: h.Key, Value: h.Value})
+	}
+	res, err := c.Produce(context.Background(), &kafka.ProduceRequest{Topic: m.Topic, Partition: m.Partition, RequiredAcks: kafka.RequireAll,
+		Records: kafka.NewRecordReader(rec)})
+	if err == nil && res.Error != nil {
+		err = res.Error
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.BaseOffset
 }
 
 // put writes msgs to their partitions, in order, and returns where each

@@ -40,7 +40,8 @@ type Limiter struct {
 
 // NewLimiter returns a limiter of rate permits a second, with a burst of
 // a tenth of a second's worth (at least 1, at most 500): the records of
-// one second go out in about ten writes. A nil clock is the wall clock.
+// one second go out in about ten writes (below 10 a second, one record
+// each). A nil clock is the wall clock.
 // It starts nothing.
 func NewLimiter(rate float64, clock Clock) (*Limiter, error) {
 	if !(rate > 0) || math.IsInf(rate, 0) {

@@ -3,6 +3,7 @@ package dlq_test
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -99,6 +100,40 @@ func TestLimiterCancel(t *testing.T) {
 	for _, bad := range []float64{0, -1} {
 		if _, err := dlq.NewLimiter(bad, nil); err == nil {
 			t.Errorf("rate %v accepted", bad)
+		}
+	}
+}
+
+// What docs/dlq.md says of any one second: fewer than rate plus one
+// write's worth (a burst), so at most 1.1 × rate from 10 a second up, but
+// not below, where a write is one record: 3 in a second at 2.5 a second,
+// 1 at 0.5.
+func TestLimiterAnyOneSecond(t *testing.T) {
+	for _, rate := range []float64{0.5, 2.5, 7, 10, 15, 100, 2500} {
+		clock := &fakeClock{now: t0}
+		l, _ := dlq.NewLimiter(rate, clock)
+		var at []time.Time // the time of each permit
+		for len(at) < int(max(10*rate, 5)) {
+			n, err := l.Take(context.Background(), l.Burst())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range n {
+				at = append(at, clock.now)
+			}
+		}
+		most, j := 0, 0 // the most permits in a second [at[i], at[i]+1s)
+		for i := range at {
+			for j < len(at) && at[j].Before(at[i].Add(time.Second)) {
+				j++
+			}
+			most = max(most, j-i)
+		}
+		if float64(most) >= rate+float64(l.Burst()) || rate >= 10 && float64(most) > 1.1*rate {
+			t.Errorf("rate %v: %d permits in one second, want fewer than %v and, from 10 a second up, at most 1.1 × rate", rate, most, rate+float64(l.Burst()))
+		}
+		if (rate == 0.5 || rate == 2.5) && float64(most) <= 1.1*rate {
+			t.Errorf("rate %v: %d permits in one second at most; docs/dlq.md says %v", rate, most, math.Ceil(rate))
 		}
 	}
 }

@@ -25,10 +25,14 @@ type RedriveOptions struct {
 	// Pipeline, DLQ and Input name the pipeline, the topic the dead
 	// letters are read from and the pipeline's input.
 	Pipeline, DLQ, Input string
+	// Output is the pipeline's output: a dead letter whose key has a
+	// result there, written at or after it, is not sent.
+	Output string
 	// To is the topic written to: Input when empty. Written to Input, a
 	// record goes back to the partition it was consumed from; written
-	// elsewhere, to the partition of its key (murmur2, as Java producers
-	// pick it).
+	// elsewhere, to the partition of its Kafka key, or of its idempotency
+	// key when it has none (murmur2, as Java producers pick it), so that
+	// the copies of one command land in one partition, in order.
 	To string
 	// Select chooses the dead letters; its Input is set to Input.
 	Select Selector
@@ -49,6 +53,11 @@ type RedriveOptions struct {
 	List bool
 	// Progress, when set, is called after each write.
 	Progress func(RedriveReport)
+	// Open returns the records of topic from the first one at or after
+	// from to the end offsets seen when it is first read: the output and
+	// the topics written to are read so before anything is sent. nil: an
+	// audit.KafkaTopic of the Reader, which must then be a *sinks.Kafka.
+	Open func(topic string, from time.Time) audit.Source
 }
 
 // RedriveReport is what a redrive did: the JSON form of
@@ -68,12 +77,13 @@ type RedriveReport struct {
 	Sent     int64 `json:"sent"`
 	// SentByReason counts Sent by reason; Refused the selected dead
 	// letters Redrivable refused (no Force), by reason; Skipped the
-	// others, by why: "duplicate" (the same key and fingerprint as one
-	// sent before in this run) or "payload_cut" (trimmed, and the source
-	// that holds the whole record is gone).
+	// others, by why (SkipReasons: SkippedSuperseded and the others).
 	SentByReason map[dedupe.Reason]int64 `json:"sent_by_reason"`
 	Refused      map[dedupe.Reason]int64 `json:"refused"`
 	Skipped      map[string]int64        `json:"skipped"`
+	// TooLarge lists the dead letters skipped as SkippedTooLarge: each
+	// needs a look of its own.
+	TooLarge []Position `json:"too_large"`
 	// Interrupted is a redrive that stopped before the end (its context
 	// ended, or a write failed): run it again.
 	Interrupted bool `json:"interrupted"`
@@ -92,34 +102,38 @@ type Redriven struct {
 	To Position `json:"to"`
 }
 
-// Skipped reasons.
-const (
-	SkippedDuplicate  = "duplicate"
-	SkippedPayloadCut = "payload_cut"
-)
-
-// Redriver sends dead letters back to a pipeline's input. Add them in
-// the order read (Run reads a topic and does); Flush sends what is held.
-// It is not safe for concurrent use.
+// Redriver sends dead letters back to a pipeline's input: Run, once. It
+// is not safe for concurrent use.
 type Redriver struct {
 	w       Writer
 	r       Reader
 	o       RedriveOptions
 	rep     RedriveReport
+	plan    plan
 	pending []pending
 	seen    map[string]struct{}
 }
 
 type pending struct {
-	msg sinks.Message
-	out Redriven
+	msg      sinks.Message
+	out      Redriven
+	tooLarge bool
 }
 
 // NewRedriver returns a Redriver that writes with w and reads the source
 // of a trimmed dead letter with r. It starts nothing.
 func NewRedriver(w Writer, r Reader, o RedriveOptions) (*Redriver, error) {
-	if o.Input == "" || o.DLQ == "" {
-		return nil, errors.New("the pipeline's input and dead-letter topics are required")
+	if o.Input == "" || o.DLQ == "" || o.Output == "" {
+		return nil, errors.New("the pipeline's input, output and dead-letter topics are required")
+	}
+	if o.Open == nil {
+		k, ok := r.(*sinks.Kafka)
+		if !ok {
+			return nil, errors.New("RedriveOptions.Open is required to read the output and input topics")
+		}
+		o.Open = func(topic string, from time.Time) audit.Source {
+			return &audit.KafkaTopic{Reader: k, Topic: topic, From: audit.From{Time: from}}
+		}
 	}
 	if o.To == "" {
 		o.To = o.Input
@@ -137,7 +151,8 @@ func NewRedriver(w Writer, r Reader, o RedriveOptions) (*Redriver, error) {
 		o.BatchSize = min(o.BatchSize, o.Limiter.Burst())
 	}
 	rep := RedriveReport{Pipeline: o.Pipeline, DLQ: o.DLQ, To: o.To, DryRun: o.DryRun, Force: o.Force,
-		SentByReason: map[dedupe.Reason]int64{}, Refused: map[dedupe.Reason]int64{}, Skipped: map[string]int64{}, Redriven: []Redriven{}}
+		SentByReason: map[dedupe.Reason]int64{}, Refused: map[dedupe.Reason]int64{}, Skipped: map[string]int64{},
+		TooLarge: []Position{}, Redriven: []Redriven{}}
 	if o.Limiter != nil {
 		rep.Rate = o.Limiter.Rate()
 	}
@@ -152,19 +167,26 @@ func cmpOr(v, def int) int {
 }
 
 // Run reads src, the dead-letter topic, and sends what the selection
-// takes. The report says what was sent also when Run fails or ctx ends:
-// Interrupted is then set.
+// takes. It reads src twice (the same records in the same order each
+// time, as an audit.KafkaTopic does): first to find the earliest dead
+// letter that may be sent and each key's latest handler_failed dead
+// letter; then, after reading the output for results and the topics it
+// writes to for records redriven before, to send. The report says what
+// was sent also when Run fails or ctx ends: Interrupted is then set.
 func (rd *Redriver) Run(ctx context.Context, src audit.Source) (RedriveReport, error) {
-	err := src.Scan(ctx, func(rec *dedupe.Record) error {
-		d := Parse(rec)
-		return rd.Add(ctx, &d)
-	})
+	err := rd.prepare(ctx, src)
+	if err == nil {
+		err = src.Scan(ctx, func(rec *dedupe.Record) error {
+			d := Parse(rec)
+			return rd.add(ctx, &d)
+		})
+	}
 	if err == nil {
 		// A scan whose context ended may stop early without an error.
 		err = ctx.Err()
 	}
 	if err == nil {
-		err = rd.Flush(ctx)
+		err = rd.flush(ctx)
 	}
 	if err != nil {
 		rd.rep.Interrupted = true
@@ -172,9 +194,9 @@ func (rd *Redriver) Run(ctx context.Context, src audit.Source) (RedriveReport, e
 	return rd.Report(), err
 }
 
-// Add takes d if the selection does, and sends what is held when a batch
-// is full.
-func (rd *Redriver) Add(ctx context.Context, d *DeadLetter) error {
+// add takes d if the selection does and nothing says to skip it, and
+// sends what is held when a batch is full.
+func (rd *Redriver) add(ctx context.Context, d *DeadLetter) error {
 	rd.rep.Records++
 	if !rd.o.Select.Match(d) {
 		return nil
@@ -182,6 +204,10 @@ func (rd *Redriver) Add(ctx context.Context, d *DeadLetter) error {
 	rd.rep.Selected++
 	if !Redrivable(d.Reason) && !rd.o.Force {
 		rd.rep.Refused[d.Reason]++
+		return nil
+	}
+	if why := rd.skip(d); why != "" {
+		rd.rep.Skipped[why]++
 		return nil
 	}
 	whole := *d
@@ -200,21 +226,13 @@ func (rd *Redriver) Add(ctx context.Context, d *DeadLetter) error {
 		}
 		whole.Key, whole.Value, whole.Headers = rec.Key, rec.Value, rec.Headers
 	}
-	if d.IdemKey != "" && d.Fingerprint != "" {
-		id := d.IdemKey + "\x00" + d.Fingerprint
-		if _, dup := rd.seen[id]; dup {
-			rd.rep.Skipped[SkippedDuplicate]++
-			return nil
-		}
-		rd.seen[id] = struct{}{}
-	}
 	p, err := rd.message(ctx, &whole)
 	if err != nil {
 		return err
 	}
 	rd.pending = append(rd.pending, p)
 	if len(rd.pending) >= rd.o.BatchSize {
-		return rd.Flush(ctx)
+		return rd.flush(ctx)
 	}
 	return nil
 }
@@ -228,7 +246,7 @@ func (rd *Redriver) message(ctx context.Context, d *DeadLetter) (pending, error)
 	if err != nil {
 		return pending{}, fmt.Errorf("topic %s: %w", rd.o.To, err)
 	}
-	part := partition.For(key, n)
+	part := partition.For(partitionKey(d, key), n)
 	if rd.o.To == d.Source.Topic && d.Source.Partition < n {
 		part = d.Source.Partition
 	}
@@ -238,8 +256,22 @@ func (rd *Redriver) message(ctx context.Context, d *DeadLetter) (pending, error)
 	}, nil
 }
 
-// Flush sends the records held, at the limiter's pace.
-func (rd *Redriver) Flush(ctx context.Context) error {
+// partitionKey is what places a record written elsewhere than where it
+// was consumed: its Kafka key, or, for a record without one (which
+// murmur2 would place at random), its idempotency key, as the pipeline
+// keys its results; without either, its source.
+func partitionKey(d *DeadLetter, key []byte) []byte {
+	switch {
+	case key != nil:
+		return key
+	case d.IdemKey != "":
+		return []byte(d.IdemKey)
+	}
+	return []byte(d.Source.String())
+}
+
+// flush sends the records held, at the limiter's pace.
+func (rd *Redriver) flush(ctx context.Context) error {
 	for len(rd.pending) > 0 {
 		n := min(len(rd.pending), rd.o.BatchSize)
 		if rd.o.Limiter != nil && !rd.o.DryRun {
@@ -256,7 +288,11 @@ func (rd *Redriver) Flush(ctx context.Context) error {
 		// A write that failed may have had some records acknowledged:
 		// those were sent.
 		for _, p := range batch {
-			if rd.o.DryRun || p.out.To.Offset >= 0 {
+			switch {
+			case p.tooLarge:
+				rd.rep.Skipped[SkippedTooLarge]++
+				rd.rep.TooLarge = append(rd.rep.TooLarge, p.out.DeadLetter)
+			case rd.o.DryRun || p.out.To.Offset >= 0:
 				rd.rep.Sent++
 				rd.rep.SentByReason[p.out.Reason]++
 				if rd.o.List {
@@ -277,8 +313,10 @@ func (rd *Redriver) Flush(ctx context.Context) error {
 }
 
 // write sends batch, again for the records whose write failed for a
-// reason that may pass. A record whose write had an unknown outcome may
-// be written twice: the pipeline decides the second copy a replay.
+// reason that may pass. A record the broker refused for its size is
+// marked tooLarge and not tried again: it would be refused again, and the
+// others go on. A record whose write had an unknown outcome may be
+// written twice: the pipeline decides the second copy a replay.
 func (rd *Redriver) write(ctx context.Context, batch []pending) error {
 	todo := make([]int, len(batch))
 	for i := range todo {
@@ -291,31 +329,55 @@ func (rd *Redriver) write(ctx context.Context, batch []pending) error {
 			msgs[i] = batch[j].msg
 		}
 		written, err := rd.w.Write(ctx, msgs)
-		var again []int
-		for i, w := range written {
-			if w.Err != nil {
-				again = append(again, todo[i])
-				continue
-			}
-			batch[todo[i]].out.To.Partition, batch[todo[i]].out.To.Offset = w.Partition, w.Offset
-		}
-		if err == nil && len(again) == 0 {
+		again, failure := settle(batch, todo, written, err)
+		if len(again) == 0 {
 			return nil
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err == nil {
-			err = fmt.Errorf("%d record(s) not acknowledged", len(again))
-		}
-		if !dedupe.IsRetryable(err) || attempt >= rd.o.Attempts {
-			return fmt.Errorf("write to %s: %w", rd.o.To, err)
+		if !dedupe.IsRetryable(failure) || attempt >= rd.o.Attempts {
+			return fmt.Errorf("write to %s: %w", rd.o.To, failure)
 		}
 		if err := retry.Sleep(ctx, backoff.Next()); err != nil {
 			return err
 		}
 		todo = again
 	}
+}
+
+// settle records where the records todo of batch landed, marks those
+// refused for their size, and returns the others that failed with the
+// error to judge them by: the first failure that cannot pass, or else
+// the first.
+func settle(batch []pending, todo []int, written []sinks.Written, err error) (again []int, failure error) {
+	var passing error
+	for i, j := range todo {
+		w := sinks.Written{Err: err}
+		if i < len(written) {
+			w = written[i]
+		} else if err == nil {
+			w.Err = errors.New("not acknowledged")
+		}
+		switch {
+		case w.Err == nil:
+			batch[j].out.To.Partition, batch[j].out.To.Offset = w.Partition, w.Offset
+		case errors.Is(w.Err, dedupe.ErrPayloadTooLarge):
+			batch[j].tooLarge = true
+		default:
+			again = append(again, j)
+			if failure == nil && !dedupe.IsRetryable(w.Err) {
+				failure = w.Err
+			}
+			if passing == nil {
+				passing = w.Err
+			}
+		}
+	}
+	if failure == nil {
+		failure = passing
+	}
+	return again, failure
 }
 
 // Report returns what was done so far.

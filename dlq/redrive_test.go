@@ -8,6 +8,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemstream/idemstream/audit"
 	"github.com/idemstream/idemstream/dedupe"
@@ -22,13 +25,15 @@ import (
 // dead-letter topic holds the dead letters that mk builds of them.
 type topicWith struct {
 	k       *sinks.Kafka
+	c       *kafka.Client
 	inputs  []dedupe.Record
 	letters []dlq.Position
 }
 
 func newTopics(t *testing.T, inputs []dedupe.Record) *topicWith {
 	t.Helper()
-	tw := &topicWith{k: cluster(t, 3, "in", "dlq", "other"), inputs: inputs}
+	tw := &topicWith{inputs: inputs}
+	tw.k, tw.c = clusterClient(t, 3, "in", "dlq", "other", "out")
 	var msgs []sinks.Message
 	for _, r := range inputs {
 		msgs = append(msgs, inputMessage(r))
@@ -49,9 +54,27 @@ func (tw *topicWith) deadLetters(t *testing.T, ls ...sinks.Message) {
 	}
 }
 
+// deadLetterAt writes m to the dead-letter topic, alternating
+// partitions, with the timestamp at.
+func (tw *topicWith) deadLetterAt(t *testing.T, at time.Time, m sinks.Message) {
+	t.Helper()
+	m.Topic, m.Partition = "dlq", len(tw.letters)%2
+	off := putAt(t, tw.c, at, m)
+	tw.letters = append(tw.letters, dlq.Position{Topic: "dlq", Partition: m.Partition, Offset: off})
+}
+
+// resultAt writes the pipeline's result of in to "out", as the consumer
+// builds it (internal/envelope), with the timestamp at.
+func (tw *topicWith) resultAt(t *testing.T, at time.Time, in dedupe.Record) {
+	t.Helper()
+	key, _ := sinks.HeaderValue(in.Headers, "Idempotency-Key")
+	o := &dedupe.Outcome{Key: key, Fingerprint: fingerprint(in.Value)}
+	putAt(t, tw.c, at, envelope.Result("out", 0, &in, o, in.Source(), in.Source()+"@"+at.Format(time.RFC3339), []byte(`{"ok":true}`), nil))
+}
+
 func (tw *topicWith) redrive(t *testing.T, ctx context.Context, o dlq.RedriveOptions) (dlq.RedriveReport, error) {
 	t.Helper()
-	o.Pipeline, o.DLQ, o.Input, o.List = "claims", "dlq", "in", true
+	o.Pipeline, o.DLQ, o.Input, o.Output, o.List = "claims", "dlq", "in", "out", true
 	if o.Limiter == nil {
 		o.Limiter, _ = dlq.NewLimiter(1e6, &fakeClock{now: t0})
 	}
@@ -77,7 +100,7 @@ func (tw *topicWith) redriven(t *testing.T, topic string) map[string][]sinks.Fet
 
 // A redrive sends the handler's failures back to the partition each came
 // from, with its key, value and headers and idemstream-redrive-of; it
-// sends a command that failed twice once, reads a trimmed dead letter's
+// sends a command that failed twice once (the later), reads a trimmed dead letter's
 // whole record at its source, refuses conflicts and invalid records, and
 // leaves other pipelines' dead letters alone.
 func TestRedriveSendsTheOriginalsBack(t *testing.T) {
@@ -118,7 +141,7 @@ func TestRedriveSendsTheOriginalsBack(t *testing.T) {
 		}
 	}
 	got := tw.redriven(t, "in")
-	for i, want := range map[int]dedupe.Record{0: in[0], 1: in[1], 2: in[2], 6: in[6]} {
+	for i, want := range map[int]dedupe.Record{1: in[1], 2: in[2], 5: in[5], 6: in[6]} {
 		of := tw.letters[i].String()
 		recs := got[of]
 		if len(recs) != 1 {
@@ -150,10 +173,10 @@ func TestRedriveForceAndTarget(t *testing.T) {
 	tw := newTopics(t, []dedupe.Record{command(0, 0, uuidOf(1), `{"a":1}`), command(1, 0, uuidOf(2), `{"a":2}`)})
 	tw.deadLetters(t, conflict(tw.inputs[0], "in/0/9", "/a").message(), failed(tw.inputs[1]).message())
 	only := dlq.Selector{Reasons: []dedupe.Reason{dedupe.ReasonConflict}}
-	if _, err := dlq.NewRedriver(tw.k, tw.k, dlq.RedriveOptions{DLQ: "dlq", Input: "in", Select: only}); !errors.Is(err, dlq.ErrNotRedrivable) {
+	if _, err := dlq.NewRedriver(tw.k, tw.k, dlq.RedriveOptions{DLQ: "dlq", Input: "in", Output: "out", Select: only}); !errors.Is(err, dlq.ErrNotRedrivable) {
 		t.Errorf("conflicts without Force: %v, want ErrNotRedrivable", err)
 	}
-	if _, err := dlq.NewRedriver(tw.k, tw.k, dlq.RedriveOptions{DLQ: "dlq", Input: "in", To: "dlq"}); err == nil {
+	if _, err := dlq.NewRedriver(tw.k, tw.k, dlq.RedriveOptions{DLQ: "dlq", Input: "in", Output: "out", To: "dlq"}); err == nil {
 		t.Error("a redrive into the dead-letter topic itself was accepted")
 	}
 	rep, err := tw.redrive(t, context.Background(), dlq.RedriveOptions{Select: only, Force: true, To: "other"})
@@ -169,8 +192,9 @@ func TestRedriveForceAndTarget(t *testing.T) {
 }
 
 // A redrive stopped after its first write has sent that write's records
-// and says so; run again, it sends every selected dead letter (the
-// pipeline decides the copies sent twice: replays).
+// and says so; run again, it finds those on the input and sends the
+// others; run a third time, to another topic too, it sends nothing: a
+// redrive run again never sends what was sent, however long after.
 func TestRedriveInterruptedAndRunAgain(t *testing.T) {
 	var inputs []dedupe.Record
 	for i := range 20 {
@@ -195,18 +219,26 @@ func TestRedriveInterruptedAndRunAgain(t *testing.T) {
 		first[x.DeadLetter.String()] = true
 	}
 	rep, err = tw.redrive(t, context.Background(), dlq.RedriveOptions{})
-	if err != nil || rep.Sent != 20 || rep.Interrupted {
-		t.Fatalf("second run: %+v %v", rep, err)
+	if err != nil || rep.Sent != 15 || rep.Skipped[dlq.SkippedRedrivenBefore] != 5 || rep.Interrupted {
+		t.Fatalf("second run: %+v %v; want 15 sent, 5 skipped as redriven before", rep, err)
+	}
+	for _, x := range rep.Redriven {
+		if first[x.DeadLetter.String()] {
+			t.Errorf("the second run sent %s again", x.DeadLetter)
+		}
+	}
+	rep, err = tw.redrive(t, context.Background(), dlq.RedriveOptions{To: "other"})
+	if err != nil || rep.Sent != 0 || rep.Skipped[dlq.SkippedRedrivenBefore] != 20 {
+		t.Fatalf("third run: %+v %v; want nothing sent, 20 skipped as redriven before", rep, err)
 	}
 	got := tw.redriven(t, "in")
 	for _, at := range tw.letters {
-		want := 1
-		if first[at.String()] {
-			want = 2
+		if n := len(got[at.String()]); n != 1 {
+			t.Errorf("dead letter %s: %d copies on the input, want 1", at, n)
 		}
-		if n := len(got[at.String()]); n != want {
-			t.Errorf("dead letter %s: %d copies on the input, want %d", at, n, want)
-		}
+	}
+	if n := len(tw.redriven(t, "other")); n != 0 {
+		t.Errorf("%d dead letters redriven to other, want none", n)
 	}
 }
 
@@ -231,20 +263,23 @@ func (f *flaky) Write(ctx context.Context, msgs []sinks.Message) ([]sinks.Writte
 	return f.Kafka.Write(ctx, msgs)
 }
 
+// A write that may pass is tried again; one refused for good stops the
+// run at once. (The refusal comes first: what the other sends, a redrive
+// run again skips.)
 func TestRedriveWriteErrors(t *testing.T) {
 	tw := newTopics(t, []dedupe.Record{command(0, 0, uuidOf(1), `{}`)})
 	tw.deadLetters(t, failed(tw.inputs[0]).message())
-	opts := dlq.RedriveOptions{Pipeline: "claims", DLQ: "dlq", Input: "in"}
-	passing := &flaky{Kafka: tw.k, err: fmt.Errorf("produce: %w: %w", dedupe.ErrBrokerUnavailable, sinks.ErrAmbiguous)}
-	rd, _ := dlq.NewRedriver(passing, tw.k, opts)
-	rep, err := rd.Run(context.Background(), &audit.KafkaTopic{Reader: tw.k, Topic: "dlq"})
-	if err != nil || rep.Sent != 1 || passing.writes != 2 {
-		t.Errorf("a write that may pass: sent %d after %d writes, %v; want 1 after 2", rep.Sent, passing.writes, err)
-	}
+	opts := dlq.RedriveOptions{Pipeline: "claims", DLQ: "dlq", Input: "in", Output: "out"}
 	refused := &flaky{Kafka: tw.k, err: fmt.Errorf("produce: %w", dedupe.ErrBrokerRefused), always: true}
-	rd, _ = dlq.NewRedriver(refused, tw.k, opts)
-	rep, err = rd.Run(context.Background(), &audit.KafkaTopic{Reader: tw.k, Topic: "dlq"})
+	rd, _ := dlq.NewRedriver(refused, tw.k, opts)
+	rep, err := rd.Run(context.Background(), &audit.KafkaTopic{Reader: tw.k, Topic: "dlq"})
 	if !errors.Is(err, dedupe.ErrBrokerRefused) || rep.Sent != 0 || !rep.Interrupted || refused.writes != 1 {
 		t.Errorf("a refused write: %v, sent %d, interrupted %v, %d writes; want the refusal at once", err, rep.Sent, rep.Interrupted, refused.writes)
+	}
+	passing := &flaky{Kafka: tw.k, err: fmt.Errorf("produce: %w: %w", dedupe.ErrBrokerUnavailable, sinks.ErrAmbiguous)}
+	rd, _ = dlq.NewRedriver(passing, tw.k, opts)
+	rep, err = rd.Run(context.Background(), &audit.KafkaTopic{Reader: tw.k, Topic: "dlq"})
+	if err != nil || rep.Sent != 1 || passing.writes != 2 {
+		t.Errorf("a write that may pass: sent %d after %d writes, %v; want 1 after 2", rep.Sent, passing.writes, err)
 	}
 }

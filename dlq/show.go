@@ -271,7 +271,7 @@ func advise(d *DeadLetter, s *Shown) Advice {
 	}
 	switch {
 	case Redrivable(d.Reason):
-		return Advice{Allowed: true, Why: "the key is FAILED (or forgotten): the same command runs the handler again, once"}
+		return Advice{Allowed: true, Why: "the handler failed; redrive skips it if its key has a result written since, an earlier redrive sent it, or a later dead letter of its key is sent instead (--dry-run tells)"}
 	case d.Reason == dedupe.ReasonConflict && s.Diff != nil && s.Diff.Same:
 		return Advice{Why: "the same request as its first copy under the current rules (the rules changed): it would be a replay; --force sends it"}
 	case d.Reason == dedupe.ReasonConflict:

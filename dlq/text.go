@@ -308,16 +308,33 @@ func (r *RedriveReport) WriteText(w io.Writer) error {
 	}
 	p.f("%s %d of %d selected dead letters of pipeline %s to %s%s%s.\n", verb, r.Sent, r.Selected, r.Pipeline, r.To, pace, counts(r.SentByReason))
 	if n := sum(r.Skipped); n > 0 {
-		p.f("skipped %d%s: %q is the same key and body as a dead letter sent before in this run, %q a trimmed dead letter whose source is gone.\n",
-			n, counts(r.Skipped), SkippedDuplicate, SkippedPayloadCut)
+		p.f("skipped %d%s:\n", n, counts(r.Skipped))
+		for _, why := range SkipReasons() {
+			if r.Skipped[why] > 0 {
+				p.f("  %-16s %s\n", why, skipMeaning[why])
+			}
+		}
+		for _, at := range r.TooLarge {
+			p.f("  too large: %s ('idemstream dlq show' it)\n", at)
+		}
 	}
 	if n := sum(r.Refused); n > 0 {
 		p.f("refused %d%s: they would come straight back to the dead-letter topic; fix the cause, then --force sends them.\n", n, counts(r.Refused))
 	}
 	if r.Interrupted {
-		p.f("interrupted: run the same command again; what was sent already comes back as replays, never as a second result.\n")
+		p.f("interrupted: run the same command again; what was sent already is found on the topic it went to and skipped (%s).\n", SkippedRedrivenBefore)
 	}
 	return p.err
+}
+
+// skipMeaning says what each skip reason means, for the text output.
+var skipMeaning = map[string]string{
+	SkippedSuperseded:     "a later dead letter of the same key, with another body, is the one sent",
+	SkippedDuplicate:      "the same key and body as the dead letter sent for its key",
+	SkippedRedrivenBefore: "an earlier redrive wrote it already (idemstream-redrive-of)",
+	SkippedHasResult:      "its key has a result in the output written since (a retry or a redrive got it through)",
+	SkippedPayloadCut:     "trimmed, and its source, which holds the whole record, is gone",
+	SkippedTooLarge:       "the broker refused the record for its size",
 }
 
 func sum[K comparable](m map[K]int64) int64 {

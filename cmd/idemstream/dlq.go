@@ -27,9 +27,10 @@ commonest errors, conflict paths and first copies. show prints one dead
 letter with its evidence, and for a conflict the diff against its first
 copy under the current rules. redrive writes the selected dead letters'
 key, value and headers back to the input, plus idemstream-redrive-of;
-only handler_failed without --force. Each reads the dead-letter topic
-without a consumer group. 'idemstream dlq SUBCOMMAND -h' for its flags;
-docs/dlq.md for the runbook.
+only handler_failed without --force, only the latest of a key, and none
+whose key has a result since or that was redriven before. Each reads its
+topics without a consumer group. 'idemstream dlq SUBCOMMAND -h' for its
+flags; docs/dlq.md for the runbook.
 `
 
 // cmdDLQ operates a pipeline's dead-letter topic (package dlq).
@@ -244,7 +245,7 @@ func dlqRedrive(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&ra.to, "to", "", "topic to write to (default the pipeline's input)")
 	fs.Float64Var(&ra.rate, "rate", 100, "records written a second at most")
 	fs.BoolVar(&ra.dryRun, "dry-run", false, "print what would be sent, send nothing")
-	fs.BoolVar(&ra.force, "force", false, "send conflicts and invalid records too, which come straight back unless their cause was fixed")
+	fs.BoolVar(&ra.force, "force", false, "send conflicts and invalid records too, which come straight back unless their cause was fixed; redrive into an input another pipeline reads")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -256,7 +257,7 @@ func dlqRedrive(ctx context.Context, e *env, args []string) error {
 		return usagef("dlq redrive takes no arguments, got %q", fs.Args())
 	}
 	ra.output = output
-	_, p, kc, err := df.open(e)
+	cfg, p, kc, err := df.open(e)
 	if err != nil {
 		return err
 	}
@@ -265,13 +266,23 @@ func dlqRedrive(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkOtherPipelines(cfg, p, opts.To, ra.force); err != nil {
+		return err
+	}
 	if _, err := kc.Partitions(ctx, opts.To); err != nil {
 		return brokerHint(fmt.Errorf("--to %s: %w", opts.To, err))
 	}
 	src := &audit.KafkaTopic{Reader: kc, Topic: p.DLQ, From: start}
-	pl := &redriveProgress{w: e.stderr, started: time.Now()}
+	pl := &redriveProgress{w: e.stderr, dlq: p.DLQ, started: time.Now()}
+	opts.Open = func(topic string, from time.Time) audit.Source {
+		t := &audit.KafkaTopic{Reader: kc, Topic: topic, From: audit.From{Time: from}}
+		if isTerminal(e.stderr) && !ra.dryRun {
+			t.Progress = pl.reading(topic)
+		}
+		return t
+	}
 	if isTerminal(e.stderr) && !ra.dryRun {
-		src.Progress, opts.Progress = pl.read, pl.sent
+		src.Progress, opts.Progress = pl.reading(p.DLQ), pl.sent
 	}
 	rd, err := dlq.NewRedriver(kc, kc, opts)
 	if err != nil {
@@ -282,7 +293,28 @@ func dlqRedrive(ctx context.Context, e *env, args []string) error {
 	if perr := printRedrive(e, output, &rep); err == nil {
 		return perr
 	}
-	return fmt.Errorf("stopped after sending %d dead letters: %w; run the same command again (once the cause is fixed): what was sent already comes back as replays", rep.Sent, brokerHint(err))
+	return fmt.Errorf("stopped after sending %d dead letters: %w; run the same command again (once the cause is fixed): it skips what was sent already", rep.Sent, brokerHint(err))
+}
+
+// checkOtherPipelines refuses, without force, a redrive that another
+// pipeline of the configuration would read too: into its input (its
+// store decided the command before, and runs a copy again once its key
+// is forgotten), or of a pipeline that shares both its input and its
+// dead-letter topic with it (their dead letters cannot be told apart).
+func checkOtherPipelines(cfg *schemas.Config, p schemas.Pipeline, to string, force bool) error {
+	if force {
+		return nil
+	}
+	for _, q := range cfg.Pipelines {
+		switch {
+		case q.Name == p.Name:
+		case q.Input == to:
+			return usagef("%s is also the input of pipeline %s, which would run the copies again once it forgets their keys; add --force to send them anyway", to, q.Name)
+		case q.Input == p.Input && q.DLQ == p.DLQ:
+			return usagef("pipeline %s shares the input %s and the dead-letter topic %s: their dead letters cannot be told apart; add --force to send them anyway", q.Name, p.Input, p.DLQ)
+		}
+	}
+	return nil
 }
 
 func printRedrive(e *env, output string, rep *dlq.RedriveReport) error {
@@ -296,7 +328,7 @@ func printRedrive(e *env, output string, rep *dlq.RedriveReport) error {
 // options and where its read starts.
 func (ra *redriveArgs) options(p schemas.Pipeline) (dlq.RedriveOptions, audit.From, error) {
 	now := time.Now()
-	o := dlq.RedriveOptions{Pipeline: p.Name, DLQ: p.DLQ, Input: p.Input, To: ra.to, Force: ra.force, DryRun: ra.dryRun,
+	o := dlq.RedriveOptions{Pipeline: p.Name, DLQ: p.DLQ, Input: p.Input, Output: p.Output, To: ra.to, Force: ra.force, DryRun: ra.dryRun,
 		List: ra.dryRun || ra.output == "json"}
 	for _, r := range ra.reasons {
 		reason := dedupe.Reason(r)
@@ -373,24 +405,33 @@ func reasonList() string {
 }
 
 // redriveProgress rewrites one line of a terminal while a redrive reads
-// and sends, at most five times a second. Both callbacks come from the
-// goroutine that reads the topic.
+// and sends, at most five times a second. Every callback comes from the
+// goroutine that reads the topics.
 type redriveProgress struct {
 	w             io.Writer
+	dlq           string
 	started, last time.Time
+	topic         string
 	nRead, nTotal int64
+	dlqTotal      int64
 	nSent         int64
 	shown         bool
 }
 
-func (r *redriveProgress) read(p audit.Progress) {
-	r.nRead, r.nTotal = p.Read, p.Total
-	r.draw()
+// reading is the progress of a read of topic.
+func (r *redriveProgress) reading(topic string) func(audit.Progress) {
+	return func(p audit.Progress) {
+		r.topic, r.nRead, r.nTotal = topic, p.Read, p.Total
+		if topic == r.dlq {
+			r.dlqTotal = p.Total
+		}
+		r.draw()
+	}
 }
 
 func (r *redriveProgress) sent(rep dlq.RedriveReport) {
 	r.nSent = rep.Sent
-	r.nRead = max(r.nRead, rep.Records)
+	r.topic, r.nRead, r.nTotal = r.dlq, rep.Records, r.dlqTotal
 	r.draw()
 }
 
@@ -400,7 +441,7 @@ func (r *redriveProgress) draw() {
 	}
 	r.last, r.shown = time.Now(), true
 	rate := float64(r.nSent) / max(time.Since(r.started).Seconds(), 0.001)
-	fmt.Fprintf(r.w, "\r\033[Kredriving: read %d/%d dead-letter records, sent %d (%.0f/s)", r.nRead, r.nTotal, r.nSent, rate)
+	fmt.Fprintf(r.w, "\r\033[Kredriving: read %d/%d records of %s, sent %d (%.0f/s)", r.nRead, r.nTotal, r.topic, r.nSent, rate)
 }
 
 func (r *redriveProgress) clear() {

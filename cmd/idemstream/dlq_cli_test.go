@@ -80,3 +80,39 @@ func TestDLQHelp(t *testing.T) {
 		t.Errorf("dlq --help: %d %q", r.code, r.stdout)
 	}
 }
+
+// A redrive that another pipeline of the configuration would read too is
+// bad usage without --force: into the input it shares, --to its input,
+// or of two pipelines that share both input and dead-letter topic (their
+// dead letters cannot be told apart). With --force, or without another
+// reader, the redrive goes on (to a broker that is not there: exit 1).
+func TestDLQRedriveIntoAnotherPipelinesInput(t *testing.T) {
+	c := writeFile(t, t.TempDir(), "c.yaml", `kafka: {brokers: ["127.0.0.1:1"]}
+store: {kind: memory}
+pipelines:
+  - {name: a, input: shared.in, output: a.out, dlq: a.dlq, key: {format: any}}
+  - {name: b, input: shared.in, output: b.out, dlq: b.dlq, key: {format: any}}
+  - {name: c, input: c.in, output: c.out, dlq: c.dlq, key: {format: any}}
+  - {name: d, input: d.in, output: d.out, dlq: d.dlq, key: {format: any}}
+  - {name: e, input: d.in, output: e.out, dlq: d.dlq, key: {format: any}}
+`)
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"a shared input", []string{"--pipeline", "a"}, 2, "shared.in is also the input of pipeline b, which would run the copies again once it forgets their keys; add --force"},
+		{"to another pipeline's input", []string{"--pipeline", "c", "--to", "shared.in"}, 2, "shared.in is also the input of pipeline a"},
+		{"a shared input and dead-letter topic", []string{"--pipeline", "d", "--to", "elsewhere"}, 2, "pipeline e shares the input d.in and the dead-letter topic d.dlq: their dead letters cannot be told apart; add --force"},
+		{"forced", []string{"--pipeline", "a", "--force"}, 1, "--to shared.in"},
+		{"no other reader", []string{"--pipeline", "c"}, 1, "--to c.in"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runCLI(t, "", append([]string{"dlq", "redrive", "-c", c}, tc.args...)...)
+			if r.code != tc.code || !strings.HasPrefix(r.stderr, "idemstream dlq: ") || strings.Count(r.stderr, "\n") != 1 || !strings.Contains(r.stderr, tc.stderr) {
+				t.Errorf("exit %d, stderr %q; want %d and one line with %q", r.code, r.stderr, tc.code, tc.stderr)
+			}
+		})
+	}
+}

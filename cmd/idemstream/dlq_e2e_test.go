@@ -153,19 +153,12 @@ func runCLIContext(ctx context.Context, config string, args ...string) cliResult
 	return cliResult{code, stdout.String(), stderr.String()}
 }
 
-// TestDLQRedriveAfterOutage is issue #39's proof on the real broker and
-// Redis. A pipeline's handler fails for good for a while (60 commands,
-// one of them sent twice, dead-lettered handler_failed beside conflicts,
-// malformed payloads and records without a key), then recovers.
-// dlq summary counts exactly what the topic holds; dlq show explains a
-// conflict against its first copy. Then: a redrive SIGKILLed half-way,
-// the same redrive run again, a second redrive of every reason, and one
-// more interrupted by SIGINT. After each, every command has exactly one
-// result, no dead letter was added, and no conflict or invalid record was
-// sent.
-func TestDLQRedriveAfterOutage(t *testing.T) {
-	op := startOutagePipeline(t)
-	healthy, failing := 10, 60
+// outage sends healthy commands that succeed, then, while the handler is
+// down, failing commands (f-0 twice), 5 conflicts with healthy ones, 3
+// malformed payloads and 2 records without a key; then the handler
+// recovers.
+func (op *outagePipeline) outage(healthy, failing int) {
+	op.t.Helper()
 	for i := range healthy {
 		op.send([2]string{fmt.Sprintf("s-%d", i), fmt.Sprintf(`{"coupon":%d,"amount":50,"client_time":"09:00:%02d"}`, i, i)})
 	}
@@ -186,7 +179,26 @@ func TestDLQRedriveAfterOutage(t *testing.T) {
 	op.send([2]string{"f-0", `{"coupon":100,"amount":50,"client_time":"10:05:00"}`})
 	op.drained()
 	op.down.Store(false)
+}
 
+// TestDLQRedriveAfterOutage is issue #39's proof on the real broker and
+// Redis. A pipeline's handler fails for good for a while (60 commands,
+// one of them sent twice, dead-lettered handler_failed beside conflicts,
+// malformed payloads and records without a key), then recovers, and one
+// failed command's client retries it and gets its result. dlq summary
+// counts exactly what the topic holds; dlq show explains a conflict
+// against its first copy. Then: a redrive SIGKILLed half-way, the same
+// redrive run again and interrupted by SIGINT (it skips what the killed
+// one sent), run once more to the end (it skips what both sent), and a
+// second redrive of every reason (it sends nothing). The retried
+// command's dead letter is never sent. After each, every command has
+// exactly one result, no dead letter was added, each dead letter was
+// written to the input at most once, and no conflict or invalid record
+// was sent.
+func TestDLQRedriveAfterOutage(t *testing.T) {
+	op := startOutagePipeline(t)
+	healthy, failing := 10, 60
+	op.outage(healthy, failing)
 	dead := readTopic(t, op.io, op.dlqName)
 	if len(dead) != 71 {
 		t.Fatalf("%d dead letters, want 71 (61 handler_failed, 5 conflict, 3 malformed_payload, 2 missing_key)", len(dead))
@@ -194,9 +206,20 @@ func TestDLQRedriveAfterOutage(t *testing.T) {
 	checkSummary(t, op)
 	checkShowConflict(t, op, dead)
 
+	// The client of the last failed command retries it now (the same
+	// request): it succeeds, so its dead letter must not be sent.
+	retried := fmt.Sprintf("f-%d", failing-1)
+	op.send([2]string{retried, fmt.Sprintf(`{"coupon":%d,"amount":50,"client_time":"10:30:00"}`, 100+failing-1)})
+	op.drained()
+	if n := op.results()[retried]; n != 1 {
+		t.Fatalf("%s: %d results after its client's retry, want 1", retried, n)
+	}
+	toSend := failing - 1
+
 	// A dry run lists and sends nothing.
 	r := op.cli("dlq", "redrive", "--reason", "handler_failed", "--dry-run")
-	if lines := strings.Count("\n"+r.stdout, "\nwould send "); r.code != 0 || lines != failing || len(op.redriven()) != 0 {
+	if lines := strings.Count("\n"+r.stdout, "\nwould send "); r.code != 0 || lines != toSend || len(op.redriven()) != 0 ||
+		!strings.Contains(r.stdout, "has_result 1") {
 		t.Fatalf("dry run: exit %d, %d lines, %d redriven:\n%s%s", r.code, lines, len(op.redriven()), r.stdout, r.stderr)
 	}
 
@@ -206,59 +229,67 @@ func TestDLQRedriveAfterOutage(t *testing.T) {
 	}
 	sentFirst := killedRedrive(t, op, bin)
 	op.drained()
-	for of := range sentFirst {
-		if n := op.results()[keyOfDeadLetter(t, dead, of)]; n != 1 {
-			t.Errorf("%s: %d results after the killed redrive, want 1", of, n)
-		}
-	}
+	checkRedrivenOnce(t, op, dead, "the killed redrive")
 
-	// Run again: everything, the records sent before included.
-	rep := redriveJSON(t, op, "--reason", "handler_failed", "--rate", "100000")
-	if rep.Sent != int64(failing) || rep.Skipped[dlq.SkippedDuplicate] != 1 || len(rep.Refused) != 0 || rep.Interrupted {
-		t.Errorf("the redrive run again: %+v", rep)
+	// Run again, and interrupted: it skips what the killed one sent.
+	rep := interruptedRedrive(t, op, bin)
+	if rep.Skipped[dlq.SkippedRedrivenBefore] != int64(len(sentFirst)) {
+		t.Errorf("the redrive run again skipped %d as redriven before, want the %d the killed one sent", rep.Skipped[dlq.SkippedRedrivenBefore], len(sentFirst))
+	}
+	op.drained()
+	checkRedrivenOnce(t, op, dead, "the interrupted redrive")
+
+	// Run again to the end: the rest, and nothing sent before.
+	before := len(op.redriven())
+	rep = redriveJSON(t, op, "--reason", "handler_failed", "--rate", "100000")
+	wantSkipped := map[string]int64{dlq.SkippedRedrivenBefore: int64(before), dlq.SkippedDuplicate: 1, dlq.SkippedHasResult: 1}
+	if rep.Sent != int64(toSend-before) || fmt.Sprint(rep.Skipped) != fmt.Sprint(wantSkipped) || len(rep.Refused) != 0 || rep.Interrupted {
+		t.Errorf("the redrive run to the end: %+v; want %d sent, skipped %v", rep, toSend-before, wantSkipped)
 	}
 	op.drained()
 	checkExactlyOnce(t, op, healthy, failing)
 
 	// A second redrive of every dead letter: handler_failed only, the
-	// others refused; every record a replay.
+	// others refused; nothing sent, every command having its result.
 	rep = redriveJSON(t, op, "--rate", "100000")
-	want := map[dedupe.Reason]int64{dedupe.ReasonConflict: 5, dedupe.ReasonMalformedPayload: 3, dedupe.ReasonMissingKey: 2}
-	if rep.Sent != int64(failing) || fmt.Sprint(rep.Refused) != fmt.Sprint(want) || rep.Selected != 71 {
-		t.Errorf("the second redrive: sent %d, refused %v, selected %d; want %d, %v, 71", rep.Sent, rep.Refused, rep.Selected, failing, want)
+	wantRefused := map[dedupe.Reason]int64{dedupe.ReasonConflict: 5, dedupe.ReasonMalformedPayload: 3, dedupe.ReasonMissingKey: 2}
+	wantSkipped[dlq.SkippedRedrivenBefore] = int64(toSend)
+	if rep.Sent != 0 || fmt.Sprint(rep.Refused) != fmt.Sprint(wantRefused) || rep.Selected != 71 || fmt.Sprint(rep.Skipped) != fmt.Sprint(wantSkipped) {
+		t.Errorf("the second redrive: sent %d, refused %v, skipped %v, selected %d; want 0, %v, %v, 71", rep.Sent, rep.Refused, rep.Skipped, rep.Selected, wantRefused, wantSkipped)
 	}
 	op.drained()
 	checkExactlyOnce(t, op, healthy, failing)
 
-	// Interrupted once more, now that every command has its result.
-	interruptedRedrive(t, op, bin)
-	op.drained()
-	checkExactlyOnce(t, op, healthy, failing)
-
-	total := checkOnlyHandlerFailures(t, op, dead)
+	total := checkOnlyHandlerFailures(t, op, dead, retried)
 	t.Logf("%d records redriven in four runs (%d by the killed one); %d results", total, len(sentFirst), len(readTopic(t, op.io, op.out)))
 }
 
 // checkOnlyHandlerFailures: every record a redrive wrote names a
-// handler_failed dead letter, and every failed command's result came
-// from one. It returns how many records the redrives wrote.
-func checkOnlyHandlerFailures(t *testing.T, op *outagePipeline, dead []sinks.Fetched) int {
+// handler_failed dead letter of another key than retried, each one
+// record; every failed command's result but retried's came from one. It
+// returns how many records the redrives wrote.
+func checkOnlyHandlerFailures(t *testing.T, op *outagePipeline, dead []sinks.Fetched, retried string) int {
 	t.Helper()
-	reasons := map[string]string{}
+	reasons, keys := map[string]string{}, map[string]string{}
 	for _, d := range dead {
-		reasons[fmt.Sprintf("%s/%d/%d", op.dlqName, d.Partition, d.Offset)] = hv(d, "idemstream-reason")
+		at := fmt.Sprintf("%s/%d/%d", op.dlqName, d.Partition, d.Offset)
+		reasons[at], keys[at] = hv(d, "idemstream-reason"), hv(d, "idemstream-key")
 	}
 	total := 0
 	for of, n := range op.redriven() {
 		total += n
-		if reasons[of] != "handler_failed" {
-			t.Errorf("%s (%s) was redriven %d times", of, reasons[of], n)
+		if reasons[of] != "handler_failed" || n != 1 || keys[of] == retried {
+			t.Errorf("%s (%s of %s) was redriven %d times", of, reasons[of], keys[of], n)
 		}
 	}
 	// The failed commands' results came from redriven records.
 	for _, r := range readTopic(t, op.io, op.out) {
-		if strings.HasPrefix(hv(r, "idemstream-key"), "f-") && reasons[hv(r, dlq.HeaderRedriveOf)] != "handler_failed" {
-			t.Errorf("result of %s names no handler_failed dead letter in idemstream-redrive-of (%q)", hv(r, "idemstream-key"), hv(r, dlq.HeaderRedriveOf))
+		key, of := hv(r, "idemstream-key"), hv(r, dlq.HeaderRedriveOf)
+		switch {
+		case key == retried && of != "":
+			t.Errorf("result of %s, which its client's retry got through, names %s in idemstream-redrive-of", key, of)
+		case key != retried && strings.HasPrefix(key, "f-") && reasons[of] != "handler_failed":
+			t.Errorf("result of %s names no handler_failed dead letter in idemstream-redrive-of (%q)", key, of)
 		}
 	}
 	return total
@@ -355,15 +386,16 @@ func killedRedrive(t *testing.T, op *outagePipeline, bin string) map[string]int 
 	t.Helper()
 	_, _, _, wrote := redriveProcess(t, op, bin, syscall.SIGKILL)
 	sent := op.redriven()
-	if wrote < 10 || wrote >= 60 || len(sent) != wrote {
-		t.Fatalf("the killed redrive wrote %d records for %d dead letters: want between 10 and 59, one each", wrote, len(sent))
+	if wrote < 10 || wrote >= 59 || len(sent) != wrote {
+		t.Fatalf("the killed redrive wrote %d records for %d dead letters: want between 10 and 58, one each", wrote, len(sent))
 	}
 	return sent
 }
 
-// interruptedRedrive interrupts a redrive half-way (SIGINT, as Ctrl-C
-// does): it prints what it sent, says to run it again, and exits 1.
-func interruptedRedrive(t *testing.T, op *outagePipeline, bin string) {
+// interruptedRedrive interrupts a redrive once it has written 10 records
+// (SIGINT, as Ctrl-C does): it prints what it sent, says to run it again,
+// and exits 1. It returns the report printed.
+func interruptedRedrive(t *testing.T, op *outagePipeline, bin string) dlq.RedriveReport {
 	t.Helper()
 	code, stdout, stderr, wrote := redriveProcess(t, op, bin, syscall.SIGINT)
 	var rep dlq.RedriveReport
@@ -374,9 +406,10 @@ func interruptedRedrive(t *testing.T, op *outagePipeline, bin string) {
 	}
 	// A write cut by the interruption may have been appended
 	// unacknowledged: up to one write (a burst, 2 at 20/s) more.
-	if rep.Sent < 10 || rep.Sent >= 60 || int64(wrote) < rep.Sent || int64(wrote) > rep.Sent+2 {
-		t.Fatalf("interrupted redrive reports %d sent, %d written: want 10 to 59, and 0 to 2 more written", rep.Sent, wrote)
+	if rep.Sent < 10 || rep.Sent >= 59 || int64(wrote) < rep.Sent || int64(wrote) > rep.Sent+2 {
+		t.Fatalf("interrupted redrive reports %d sent, %d written: want 10 to 58, and 0 to 2 more written", rep.Sent, wrote)
 	}
+	return rep
 }
 
 func redriveJSON(t *testing.T, op *outagePipeline, args ...string) dlq.RedriveReport {
@@ -409,6 +442,27 @@ func checkExactlyOnce(t *testing.T, op *outagePipeline, healthy, failing int) {
 	}
 	if n := len(readTopic(t, op.io, op.dlqName)); n != 71 {
 		t.Errorf("%d dead letters, want the 71 of the outage: a redriven record came back", n)
+	}
+}
+
+// checkRedrivenOnce: after a redrive stopped half-way, the command of
+// every dead letter written to the input has one result, no command has
+// more, and the dead-letter topic holds what it held.
+func checkRedrivenOnce(t *testing.T, op *outagePipeline, dead []sinks.Fetched, after string) {
+	t.Helper()
+	results := op.results()
+	for of := range op.redriven() {
+		if n := results[keyOfDeadLetter(t, dead, of)]; n != 1 {
+			t.Errorf("%s: %d results after %s, want 1", of, n, after)
+		}
+	}
+	for key, n := range results {
+		if n > 1 {
+			t.Errorf("%s: %d results after %s", key, n, after)
+		}
+	}
+	if n := len(readTopic(t, op.io, op.dlqName)); n != 71 {
+		t.Errorf("%d dead letters after %s, want the 71 of the outage: a redriven record came back", n, after)
 	}
 }
 
