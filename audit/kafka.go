@@ -159,24 +159,9 @@ func (k *KafkaTopic) Scan(ctx context.Context, fn func(*dedupe.Record) error) er
 	defer wg.Wait()
 	defer cancel()
 
-	heads := make([][]dedupe.Record, len(chans))
-	done := make([]bool, len(chans))
-	refill := func(i int) error {
-		for len(heads[i]) == 0 && !done[i] {
-			f, ok := <-chans[i]
-			if !ok {
-				done[i] = true
-				return nil
-			}
-			if f.err != nil {
-				return f.err
-			}
-			heads[i] = f.recs
-		}
-		return nil
-	}
-	for i := range heads {
-		if err := refill(i); err != nil {
+	m := &merge{chans: chans, heads: make([][]dedupe.Record, len(chans)), done: make([]bool, len(chans))}
+	for i := range chans {
+		if err := m.refill(i); err != nil {
 			return err
 		}
 	}
@@ -188,30 +173,21 @@ func (k *KafkaTopic) Scan(ctx context.Context, fn func(*dedupe.Record) error) er
 		}
 	}
 	for k.MaxRecords <= 0 || read < k.MaxRecords {
-		best := -1
-		for i, h := range heads {
-			if len(h) == 0 {
-				continue
-			}
-			if best < 0 || h[0].Time.Before(heads[best][0].Time) {
-				best = i
-			}
-		}
+		best := m.earliest()
 		if best < 0 {
 			break
 		}
-		rec := &heads[best][0]
-		if err := fn(rec); err != nil {
+		if err := fn(&m.heads[best][0]); err != nil {
 			return err
 		}
-		heads[best][0] = dedupe.Record{}
-		heads[best] = heads[best][1:]
+		m.heads[best][0] = dedupe.Record{}
+		m.heads[best] = m.heads[best][1:]
 		read++
 		if read%4096 == 0 && time.Since(last) > 200*time.Millisecond {
 			last = time.Now()
 			report()
 		}
-		if err := refill(best); err != nil {
+		if err := m.refill(best); err != nil {
 			return err
 		}
 	}
@@ -222,6 +198,42 @@ func (k *KafkaTopic) Scan(ctx context.Context, fn func(*dedupe.Record) error) er
 	}
 	report()
 	return nil
+}
+
+// merge holds the records each partition's fetches delivered and Scan has
+// not yet passed on, to pass them on in the order of their time.
+type merge struct {
+	chans []chan fetched
+	heads [][]dedupe.Record
+	done  []bool
+}
+
+// refill takes partition i's next batch when its head is used up.
+func (m *merge) refill(i int) error {
+	for len(m.heads[i]) == 0 && !m.done[i] {
+		f, ok := <-m.chans[i]
+		if !ok {
+			m.done[i] = true
+			return nil
+		}
+		if f.err != nil {
+			return f.err
+		}
+		m.heads[i] = f.recs
+	}
+	return nil
+}
+
+// earliest is the partition whose next record is the earliest (ties by
+// partition), -1 when every partition is read.
+func (m *merge) earliest() int {
+	best := -1
+	for i, h := range m.heads {
+		if len(h) > 0 && (best < 0 || h[0].Time.Before(m.heads[best][0].Time)) {
+			best = i
+		}
+	}
+	return best
 }
 
 // fetchLoop reads one partition's range in batches.

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemstream/idemstream/audit"
 	"github.com/idemstream/idemstream/dedupe"
@@ -18,14 +17,8 @@ import (
 
 func fakeCluster(t *testing.T, partitions int32, topics ...string) *kafka.Client {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	transport := &kafka.Transport{}
-	t.Cleanup(transport.CloseIdleConnections)
-	return &kafka.Client{Addr: kafka.TCP(c.ListenAddrs()...), Timeout: 10 * time.Second, Transport: transport}
+	client, _ := testenv.FakeKafka(t, partitions, topics...)
+	return client
 }
 
 func TestKafkaTopicPlantedPatterns(t *testing.T) {

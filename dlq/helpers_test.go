@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/internal/envelope"
+	"github.com/idemstream/idemstream/internal/testenv"
 	"github.com/idemstream/idemstream/sinks"
 )
 
@@ -94,14 +94,7 @@ func cluster(t *testing.T, partitions int32, topics ...string) *sinks.Kafka {
 // clusterClient is cluster, with the client it reads and writes through.
 func clusterClient(t *testing.T, partitions int32, topics ...string) (*sinks.Kafka, *kafka.Client) {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	transport := &kafka.Transport{}
-	t.Cleanup(transport.CloseIdleConnections)
-	client := &kafka.Client{Addr: kafka.TCP(c.ListenAddrs()...), Timeout: 10 * time.Second, Transport: transport}
+	client, _ := testenv.FakeKafka(t, partitions, topics...)
 	return sinks.NewKafka(client), client
 }
 

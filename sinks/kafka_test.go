@@ -16,17 +16,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/internal/testenv"
 	"github.com/idemstream/idemstream/sinks"
 )
 
 func newBroker(t *testing.T, partitions int32, topics ...string) (*kafka.Client, *sinks.Kafka) {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	client := &kafka.Client{Addr: kafka.TCP(c.ListenAddrs()...), Timeout: 10 * time.Second}
+	client, _ := testenv.FakeKafka(t, partitions, topics...)
 	return client, sinks.NewKafka(client)
 }
 

@@ -20,17 +20,10 @@ import (
 // "claims" on three partitions and returns its address.
 func plantedTopic(t *testing.T) (string, audittest.Planted) {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "claims"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	transport := &kafka.Transport{}
-	t.Cleanup(transport.CloseIdleConnections)
-	client := &kafka.Client{Addr: kafka.TCP(c.ListenAddrs()...), Timeout: 10 * time.Second, Transport: transport}
+	client, addrs := testenv.FakeKafka(t, 3, "claims")
 	p := audittest.Plant("claims", 3)
 	audittest.Produce(t, client, "claims", p.Records)
-	return strings.Join(c.ListenAddrs(), ","), p
+	return strings.Join(addrs, ","), p
 }
 
 func decodeReport(t *testing.T, out string) *audit.Report {

@@ -70,6 +70,14 @@ func addDLQFlags(fs *flag.FlagSet) *dlqFlags {
 
 // open loads the configuration, picks the pipeline and connects to Kafka
 // (which connects lazily: nothing is dialed yet).
+// parse parses args into fs and returns the output format asked for.
+func (df *dlqFlags) parse(fs *flag.FlagSet, args []string) (output string, err error) {
+	if err := parseFlags(fs, args); err != nil {
+		return "", err
+	}
+	return df.output()
+}
+
 func (df *dlqFlags) open(e *env) (*schemas.Config, schemas.Pipeline, *sinks.Kafka, error) {
 	cfg, err := df.cf.load(e)
 	if err != nil {
@@ -90,10 +98,7 @@ func dlqSummary(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "dlq summary", "-c FILE [--pipeline NAME] [--from earliest|-DURATION|RFC3339] [-o text|json]")
 	df := addDLQFlags(fs)
 	from := fs.String("from", "earliest", "where to start: earliest, -DURATION before now (-24h) or an RFC 3339 time")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	output, err := df.output()
+	output, err := df.parse(fs, args)
 	if err != nil {
 		return err
 	}
@@ -129,10 +134,7 @@ func dlqSummary(ctx context.Context, e *env, args []string) error {
 func dlqShow(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "dlq show", "-c FILE [--pipeline NAME] [-o text|json] PARTITION/OFFSET")
 	df := addDLQFlags(fs)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	output, err := df.output()
+	output, err := df.parse(fs, args)
 	if err != nil {
 		return err
 	}
@@ -246,10 +248,7 @@ func dlqRedrive(ctx context.Context, e *env, args []string) error {
 	fs.Float64Var(&ra.rate, "rate", 100, "records written a second at most")
 	fs.BoolVar(&ra.dryRun, "dry-run", false, "print what would be sent, send nothing")
 	fs.BoolVar(&ra.force, "force", false, "send conflicts and invalid records too, which come straight back unless their cause was fixed; redrive into an input another pipeline reads")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	output, err := df.output()
+	output, err := df.parse(fs, args)
 	if err != nil {
 		return err
 	}

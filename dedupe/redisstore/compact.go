@@ -238,21 +238,11 @@ func decodeCompact(e *dedupe.Entry, raw string, c readContext) error {
 	if len(raw) < 2 {
 		return errNotEntry
 	}
-	switch raw[0] & 3 {
-	case compactPending:
-		e.State = dedupe.Pending
-	case compactSuccess:
-		e.State = dedupe.Success
-	case compactFailed:
-		e.State = dedupe.Failed
-	default:
+	state, intent, ok := compactState(raw[0])
+	if !ok {
 		return errNotEntry
 	}
-	intent := raw[0] &^ 3
-	if raw[0] >= 32 || e.State == dedupe.Pending && intent&compactIntent != 0 ||
-		e.State != dedupe.Pending && intent != 0 && intent&compactIntent == 0 {
-		return errNotEntry
-	}
+	e.State = state
 	flags := raw[1]
 	r := compactReader{raw: raw, pos: 2}
 	// Each field is read in the one form appendCompact writes it in: an
@@ -299,25 +289,52 @@ func decodeCompact(e *dedupe.Entry, raw string, c readContext) error {
 	if flags&compactLease != 0 {
 		e.LeaseUntil = time.UnixMilli(ws + r.zigzag())
 	}
-	if flags&compactKey != 0 {
-		// Only a key too long for a name is kept.
-		if e.Key = r.raw[r.pos:]; len(e.Key) <= maxKeyInName {
-			r.err = errNotEntry
-		}
-		r.pos = len(r.raw)
-	} else {
-		n := r.uvarint()
-		// The name ends with ":<key>}".
-		if end := len(c.name) - 1; r.err == nil && n <= maxKeyInName && n <= uint64(end) {
-			e.Key = c.name[end-int(n) : end]
-		} else {
-			r.err = errNotEntry
-		}
-	}
+	e.Key = r.key(flags&compactKey != 0, c.name)
 	if r.err != nil || r.pos != len(r.raw) {
 		return errNotEntry
 	}
 	return nil
+}
+
+// compactState reads byte 0: the state and the intent's flags, which a
+// PENDING entry never has (it always keeps an intent) and a finished one
+// has only with compactIntent.
+func compactState(b byte) (state dedupe.State, intent byte, ok bool) {
+	switch b & 3 {
+	case compactPending:
+		state = dedupe.Pending
+	case compactSuccess:
+		state = dedupe.Success
+	case compactFailed:
+		state = dedupe.Failed
+	default:
+		return "", 0, false
+	}
+	intent = b &^ 3
+	if b >= 32 || state == dedupe.Pending && intent&compactIntent != 0 ||
+		state != dedupe.Pending && intent != 0 && intent&compactIntent == 0 {
+		return "", 0, false
+	}
+	return state, intent, true
+}
+
+// key reads the key: kept, the rest of the entry (only a key too long
+// for a name is); else its length, and the key from the name read, which
+// ends with ":<key>}".
+func (r *compactReader) key(kept bool, name string) string {
+	if kept {
+		k := r.raw[r.pos:]
+		if r.pos = len(r.raw); len(k) <= maxKeyInName {
+			r.err = errNotEntry
+		}
+		return k
+	}
+	n := r.uvarint()
+	if end := len(name) - 1; r.err == nil && n <= maxKeyInName && n <= uint64(end) {
+		return name[end-int(n) : end]
+	}
+	r.err = errNotEntry
+	return ""
 }
 
 // compactReader reads a compact entry's fields; the first error sticks.

@@ -106,7 +106,13 @@ func Decide(cur *dedupe.Entry, req dedupe.DecideRequest, now time.Time) (dedupe.
 		return d, &e
 	}
 
-	// PENDING.
+	return decidePending(cur, req, d, now, sameRequest, sameToAct)
+}
+
+// decidePending is Decide for a PENDING entry cur: d is the decision so
+// far (the entry and its flags), sameRequest and sameToAct Decide's
+// judgements of req against cur.
+func decidePending(cur *dedupe.Entry, req dedupe.DecideRequest, d dedupe.Decision, now time.Time, sameRequest, sameToAct bool) (dedupe.Decision, *dedupe.Entry) {
 	switch {
 	case cur.Owner == req.Owner:
 		e := *cur
