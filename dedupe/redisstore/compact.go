@@ -249,12 +249,12 @@ func decodeCompact(e *dedupe.Entry, raw string, c readContext) error {
 	// entry that spells a digest or a record's source as a text, say, was
 	// not written by it, and is no entry.
 	if flags&compactFingerprint != 0 {
-		e.Fingerprint = "sha256:" + hex.EncodeToString([]byte(r.next(32)))
+		e.Fingerprint = sha256Text(r.next(32))
 	} else if e.Fingerprint = r.text(); isDigest(e.Fingerprint, 64) {
 		r.err = errNotEntry
 	}
 	if flags&compactRules != 0 {
-		e.RulesDigest = c.rulesOf("sha256:" + hex.EncodeToString([]byte(r.next(8))))
+		e.RulesDigest = c.rulesOf(sha256Text(r.next(8)))
 	} else if e.RulesDigest = r.text(); isDigest(e.RulesDigest, 16) {
 		r.err = errNotEntry
 	}
@@ -572,8 +572,19 @@ func appendHash(b []byte, s string) []byte {
 		b, _ = hex.AppendDecode(b, []byte(s[1:])) // lowercase hex: no error
 		return b
 	}
-	sum := sha1.Sum([]byte(s))
+	// Copied to the stack first: a holder is longer than the 32 bytes
+	// a conversion may keep there.
+	var buf [128]byte
+	sum := sha1.Sum(append(buf[:0], s...))
 	return append(b, sum[:4]...)
+}
+
+// sha256Text is the text form of the digest (or prefix of one) raw, in
+// one allocation.
+func sha256Text(raw string) string {
+	var buf [7 + 2*32]byte
+	b := append(buf[:0], "sha256:"...)
+	return string(hex.AppendEncode(b, []byte(raw)))
 }
 
 // resolveHash gives back known when h is its hash, else h's unresolved

@@ -189,6 +189,39 @@ func TestCompleteRefusedInTheTransactionIsFinal(t *testing.T) {
 	}
 }
 
+// A script whose command the user may not run is refused for good too:
+// Redis words that refusal inside a script without NOPERM (7.0: "The user
+// executing the script can't run this command"; 7.2: "ACL failure in
+// script"), and a pipeline that took it for a passing error would pause
+// for ever.
+func TestScriptRefusedByTheACLIsFinal(t *testing.T) {
+	srv := testenv.StartRedis(t, testenv.RedisConfig{})
+	if _, err := testenv.RedisCommand(srv.Addr, "ACL", "SETUSER", "nowrite", "on", ">pw", "~*", "+@all", "-set"); err != nil {
+		t.Fatal(err)
+	}
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer admin.Close()
+	limited := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nowrite", Password: "pw"})
+	defer limited.Close()
+	prefix := fmt.Sprintf("aclscript%d", time.Now().UnixNano())
+	ctx := context.Background()
+	// Another user's store armed the marker, which the limited user's
+	// store only reads; fewer records than the SET NX path takes go to
+	// decide.lua.
+	if _, err := New(admin, prefix).Decide(ctx, []dedupe.DecideRequest{pendingReq("first", "h", 0, time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	var reqs []dedupe.DecideRequest
+	for i := range fastPathMin - 1 {
+		reqs = append(reqs, pendingReq(fmt.Sprintf("k%d", i), "h", i, time.Minute))
+	}
+	_, err := New(limited, prefix).Decide(ctx, reqs)
+	if err == nil || errors.Is(err, dedupe.ErrStoreUnavailable) ||
+		!(strings.Contains(err.Error(), "can't run this command") || strings.Contains(err.Error(), "ACL failure in script")) {
+		t.Fatalf("decide.lua refused its SET: %v, want a final refusal", err)
+	}
+}
+
 // Namespaces that contain ':' can give two keys one Redis name. A call
 // that completes both, in either order, fences the one the entry does not
 // hold and finishes the other, as complete.lua does, and never crashes.

@@ -44,7 +44,10 @@ func classify(op string, err error) error {
 func refusedForGood(err error) bool {
 	msg := err.Error()
 	for _, p := range []string{"NOPERM", "NOAUTH", "WRONGPASS", "WRONGTYPE", "ERR unknown command", "ERR wrong number of arguments",
-		"ERR syntax error", "ERR Error running script", "ERR user_script", "ERR unknown subcommand"} {
+		"ERR syntax error", "ERR Error running script", "ERR user_script", "ERR unknown subcommand",
+		// An ACL's refusal of a command a script runs: Redis 7.0's
+		// words, then 7.2's.
+		"can't run this command or subcommand", "ACL failure in script"} {
 		if strings.Contains(msg, p) {
 			return true
 		}
