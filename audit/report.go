@@ -137,101 +137,13 @@ func (a *analyzer) Report() *Report { return report([]*analyzer{a}) }
 // records of some keys (Run shards keys over the processors).
 func report(shards []*analyzer) *Report {
 	a0 := shards[0]
-	pol := a0.opts.Policy
-	r := &Report{
-		Copies:          map[string]int64{"1": 0, "2": 0, "3+": 0},
-		Invalid:         map[string]int64{},
-		InvalidExamples: map[string][]string{},
-		Passes:          1,
-		Rules: Rules{
-			Configured: a0.opts.Configured, Volatile: nonNil(pol.Rules.Volatile), Unordered: nonNil(pol.Rules.Unordered),
-			Window: Duration(pol.Window), VolatileShare: a0.opts.VolatileShare,
-		},
-	}
-	for _, reason := range []dedupe.Reason{dedupe.ReasonMissingKey, dedupe.ReasonInvalidKey, dedupe.ReasonMalformedPayload, dedupe.ReasonPayloadTooLarge} {
-		r.Invalid[string(reason)] = 0
-		r.InvalidExamples[string(reason)] = []string{}
-	}
-	parts := map[int]bool{}
-	var h histogram
-	pointers, reorders := map[string]*pointerStats{}, map[string]*pointerStats{}
-	merge := func(into map[string]*pointerStats, a *analyzer, from map[uint32]*pointerStats) {
-		for gen, st := range from {
-			m := into[a.gen(gen)]
-			if m == nil {
-				m = &pointerStats{}
-				into[a.gen(gen)] = m
-			}
-			m.keys += st.keys
-			for _, e := range st.examples {
-				if len(m.examples) < 2 && !slices.Contains(m.examples, e) {
-					m.examples = append(m.examples, e)
-				}
-			}
-		}
-	}
-	var multi int64
+	r := newReport(a0.opts)
+	sum := shardSum{parts: map[int]bool{}, pointers: map[string]*pointerStats{}, reorders: map[string]*pointerStats{}}
 	for _, a := range shards {
-		if r.Topic == "" {
-			r.Topic = a.topic
-		}
-		r.Records += a.records
-		r.Keys += int64(len(a.keys))
-		r.Truncated += a.truncated
-		for p := range a.parts {
-			parts[p] = true
-		}
-		for reason, st := range a.invalid {
-			r.Invalid[string(reason)] += st.count
-			ex := r.InvalidExamples[string(reason)]
-			r.InvalidExamples[string(reason)] = append(ex, st.examples[:min(len(st.examples), maxExamples-len(ex))]...)
-		}
-		for _, ks := range a.keys {
-			switch {
-			case ks.copies == 1:
-				r.Copies["1"]++
-			case ks.copies == 2:
-				r.Copies["2"]++
-			default:
-				r.Copies["3+"]++
-			}
-			if ks.copies > 1 {
-				multi++
-			}
-			r.Retries += int64(ks.copies) - 1
-		}
-		h.merge(&a.intervals)
-		merge(pointers, a, a.pointers)
-		merge(reorders, a, a.reorders)
+		sum.add(r, a)
 	}
-	r.Partitions = len(parts)
-	share := func(keys int64) float64 {
-		if multi == 0 {
-			return 0
-		}
-		return float64(keys) / float64(multi)
-	}
-
-	volatile := map[string]bool{}
-	r.VolatileCandidates, r.Conflicts.Pointers = []Candidate{}, []Candidate{}
-	for ptr, st := range pointers {
-		c := Candidate{Pointer: ptr, Keys: st.keys, Share: round3(share(st.keys)), Examples: st.examples}
-		if share(st.keys) >= a0.opts.VolatileShare && st.keys >= minVolatileKeys {
-			volatile[ptr] = true
-			r.VolatileCandidates = append(r.VolatileCandidates, c)
-		} else {
-			r.Conflicts.Pointers = append(r.Conflicts.Pointers, c)
-		}
-	}
-	r.UnorderedCandidates = []Candidate{}
-	for ptr, st := range reorders {
-		r.UnorderedCandidates = append(r.UnorderedCandidates, Candidate{Pointer: ptr, Keys: st.keys, Share: round3(share(st.keys))})
-	}
-	for _, l := range [][]Candidate{r.VolatileCandidates, r.Conflicts.Pointers, r.UnorderedCandidates} {
-		slices.SortFunc(l, func(x, y Candidate) int {
-			return cmp.Or(cmp.Compare(y.Keys, x.Keys), cmp.Compare(x.Pointer, y.Pointer))
-		})
-	}
+	r.Partitions = len(sum.parts)
+	volatile := sum.candidates(r, a0.opts.VolatileShare)
 	for _, a := range shards {
 		for _, ks := range a.keys {
 			for _, g := range ks.diffs {
@@ -242,13 +154,131 @@ func report(shards []*analyzer) *Report {
 			}
 		}
 	}
-
+	h := &sum.intervals
 	r.RetryInterval = Intervals{Count: int64(h.n), P50: Duration(h.quantile(0.5)), P90: Duration(h.quantile(0.9)),
 		P99: Duration(h.quantile(0.99)), Max: Duration(h.max)}
-
 	r.Suggested = a0.suggest(r)
 	r.ReusedAfterWindow = reused(shards, r.Suggested.Window.D())
 	return r
+}
+
+// newReport is an empty report under opts, every invalid reason listed.
+func newReport(opts Options) *Report {
+	pol := opts.Policy
+	r := &Report{
+		Copies:          map[string]int64{"1": 0, "2": 0, "3+": 0},
+		Invalid:         map[string]int64{},
+		InvalidExamples: map[string][]string{},
+		Passes:          1,
+		Rules: Rules{
+			Configured: opts.Configured, Volatile: nonNil(pol.Rules.Volatile), Unordered: nonNil(pol.Rules.Unordered),
+			Window: Duration(pol.Window), VolatileShare: opts.VolatileShare,
+		},
+	}
+	for _, reason := range []dedupe.Reason{dedupe.ReasonMissingKey, dedupe.ReasonInvalidKey, dedupe.ReasonMalformedPayload, dedupe.ReasonPayloadTooLarge} {
+		r.Invalid[string(reason)] = 0
+		r.InvalidExamples[string(reason)] = []string{}
+	}
+	return r
+}
+
+// shardSum is what the shards' first passes add up to beyond the report's
+// own counts: the partitions seen, the retry intervals, the pointers that
+// differed between copies of a key (reordered ones apart), and how many
+// keys came more than once.
+type shardSum struct {
+	parts              map[int]bool
+	intervals          histogram
+	pointers, reorders map[string]*pointerStats
+	multi              int64
+}
+
+// add counts shard a into r and s.
+func (s *shardSum) add(r *Report, a *analyzer) {
+	if r.Topic == "" {
+		r.Topic = a.topic
+	}
+	r.Records += a.records
+	r.Keys += int64(len(a.keys))
+	r.Truncated += a.truncated
+	for p := range a.parts {
+		s.parts[p] = true
+	}
+	for reason, st := range a.invalid {
+		r.Invalid[string(reason)] += st.count
+		ex := r.InvalidExamples[string(reason)]
+		r.InvalidExamples[string(reason)] = append(ex, st.examples[:min(len(st.examples), maxExamples-len(ex))]...)
+	}
+	for _, ks := range a.keys {
+		switch {
+		case ks.copies == 1:
+			r.Copies["1"]++
+		case ks.copies == 2:
+			r.Copies["2"]++
+		default:
+			r.Copies["3+"]++
+		}
+		if ks.copies > 1 {
+			s.multi++
+		}
+		r.Retries += int64(ks.copies) - 1
+	}
+	s.intervals.merge(&a.intervals)
+	mergeStats(s.pointers, a, a.pointers)
+	mergeStats(s.reorders, a, a.reorders)
+}
+
+// mergeStats adds a's stats of each pointer (by generalized path) into
+// into, keeping two examples at most.
+func mergeStats(into map[string]*pointerStats, a *analyzer, from map[uint32]*pointerStats) {
+	for gen, st := range from {
+		m := into[a.gen(gen)]
+		if m == nil {
+			m = &pointerStats{}
+			into[a.gen(gen)] = m
+		}
+		m.keys += st.keys
+		for _, e := range st.examples {
+			if len(m.examples) < 2 && !slices.Contains(m.examples, e) {
+				m.examples = append(m.examples, e)
+			}
+		}
+	}
+}
+
+// share is the share of the keys seen more than once that keys is.
+func (s *shardSum) share(keys int64) float64 {
+	if s.multi == 0 {
+		return 0
+	}
+	return float64(keys) / float64(s.multi)
+}
+
+// candidates fills r's volatile, conflict and unordered candidates, most
+// keys first, and returns the pointers proposed as volatile: those that
+// changed in at least volatileShare of the keys seen more than once.
+func (s *shardSum) candidates(r *Report, volatileShare float64) map[string]bool {
+	volatile := map[string]bool{}
+	r.VolatileCandidates, r.Conflicts.Pointers = []Candidate{}, []Candidate{}
+	for ptr, st := range s.pointers {
+		c := Candidate{Pointer: ptr, Keys: st.keys, Share: round3(s.share(st.keys)), Examples: st.examples}
+		if s.share(st.keys) >= volatileShare && st.keys >= minVolatileKeys {
+			volatile[ptr] = true
+			r.VolatileCandidates = append(r.VolatileCandidates, c)
+		} else {
+			r.Conflicts.Pointers = append(r.Conflicts.Pointers, c)
+		}
+	}
+	r.UnorderedCandidates = []Candidate{}
+	for ptr, st := range s.reorders {
+		r.UnorderedCandidates = append(r.UnorderedCandidates, Candidate{Pointer: ptr, Keys: st.keys, Share: round3(s.share(st.keys))})
+	}
+	for _, l := range [][]Candidate{r.VolatileCandidates, r.Conflicts.Pointers, r.UnorderedCandidates} {
+		slices.SortFunc(l, func(x, y Candidate) int {
+			return cmp.Or(cmp.Compare(y.Keys, x.Keys), cmp.Compare(x.Pointer, y.Pointer))
+		})
+	}
+	return volatile
 }
 
 // suggest proposes the window, the retry interval and the rules.

@@ -13,17 +13,40 @@ import (
 // when not empty, is the suggested configuration, printed at the end.
 func (r *Report) WriteText(w io.Writer, yaml []byte) error {
 	p := &printer{w: w}
+	r.textSummary(p)
+	r.textCandidates(p)
+	r.textRetries(p)
+	r.textDecisions(p)
+	s := r.Suggested
+	p.f("\nSuggested: window %s, client_max_retry_interval %s, volatile %s, unordered %s.\n",
+		s.Window, s.ClientMaxRetryInterval, list(s.Volatile), list(s.Unordered))
+	for _, why := range s.Why {
+		p.f("  %s\n", why)
+	}
+	if len(yaml) > 0 {
+		p.f("\n%s", yaml)
+	}
+	return p.err
+}
+
+// invalid is how many records cannot be decided.
+func (r *Report) invalid() int64 {
+	n := int64(0)
+	for _, c := range r.Invalid {
+		n += c
+	}
+	return n
+}
+
+// textSummary writes the heading and the counts of records and keys.
+func (r *Report) textSummary(p *printer) {
 	rules := "no rules given: proposing them"
 	if r.Rules.Configured {
 		rules = fmt.Sprintf("the pipeline's rules: volatile %s, unordered %s, window %s",
 			list(r.Rules.Volatile), list(r.Rules.Unordered), r.Rules.Window)
 	}
 	p.f("Audit of %s: %s records on %d partition(s), %s keys (%s).\n\n", r.Topic, num(r.Records), r.Partitions, num(r.Keys), rules)
-
-	invalid := int64(0)
-	for _, n := range r.Invalid {
-		invalid += n
-	}
+	invalid := r.invalid()
 	p.f("  %-34s %12s\n", "records read", num(r.Records))
 	p.f("  %-34s %12s\n", "valid idempotency keys", num(r.Keys))
 	p.f("  %-34s %12s\n", "  seen once", num(r.Copies["1"]))
@@ -34,7 +57,11 @@ func (r *Report) WriteText(w io.Writer, yaml []byte) error {
 	if r.Truncated > 0 {
 		p.f("  %-34s %12s  (values past %d per payload not compared)\n", "payloads too big to compare fully", num(r.Truncated), maxEntries)
 	}
+}
 
+// textCandidates writes the volatile and unordered candidates and the
+// conflicts.
+func (r *Report) textCandidates(p *printer) {
 	multi := r.Copies["2"] + r.Copies["3+"]
 	p.f("\nVolatile candidates: fields that change between copies of one key in at least %.0f%% of the %s keys seen more than once.\n",
 		r.Rules.VolatileShare*100, num(multi))
@@ -55,7 +82,11 @@ func (r *Report) WriteText(w io.Writer, yaml []byte) error {
 	for _, c := range r.Conflicts.Pointers {
 		p.f("  %-28s %8s keys %6s   e.g. %s\n", c.Pointer, num(c.Keys), share(c.Share), examples(c.Examples))
 	}
+}
 
+// textRetries writes the retry intervals, the keys reused after the
+// window, and the records that cannot be decided.
+func (r *Report) textRetries(p *printer) {
 	ri := r.RetryInterval
 	p.f("\nRetry interval (between consecutive copies of a key, record timestamps, %s intervals):\n", num(ri.Count))
 	p.f("  p50 %s   p90 %s   p99 %s   max %s\n", ri.P50, ri.P90, ri.P99, ri.Max)
@@ -67,8 +98,7 @@ func (r *Report) WriteText(w io.Writer, yaml []byte) error {
 	} else {
 		p.f("\n")
 	}
-
-	if invalid > 0 {
+	if r.invalid() > 0 {
 		p.f("\nRecords that cannot be decided, by reason (they would go to the dead-letter topic):\n")
 		for _, reason := range sortedKeys(r.Invalid) {
 			if n := r.Invalid[reason]; n > 0 {
@@ -76,7 +106,10 @@ func (r *Report) WriteText(w io.Writer, yaml []byte) error {
 			}
 		}
 	}
+}
 
+// textDecisions writes what each rule would have decided.
+func (r *Report) textDecisions(p *printer) {
 	d := r.Decisions
 	p.f("\nWhat each rule would have decided (strict; window %s; record timestamps as the clock):\n", r.DecisionWindow)
 	p.f("  %-12s %14s %16s %14s\n", "", "idemstream", "raw body (+key)", "key only")
@@ -99,17 +132,6 @@ func (r *Report) WriteText(w io.Writer, yaml []byte) error {
 	}
 	p.f("  idemstream: key + fingerprint under %s; raw body: key + hash of the bytes as sent (the incident's rule);\n  key only: every copy after the first is a replay (%s of them with another body).\n",
 		rulesOf, num(d.KeyOnly.Mismatch))
-
-	s := r.Suggested
-	p.f("\nSuggested: window %s, client_max_retry_interval %s, volatile %s, unordered %s.\n",
-		s.Window, s.ClientMaxRetryInterval, list(s.Volatile), list(s.Unordered))
-	for _, why := range s.Why {
-		p.f("  %s\n", why)
-	}
-	if len(yaml) > 0 {
-		p.f("\n%s", yaml)
-	}
-	return p.err
 }
 
 type printer struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemstream/idemstream/internal/retry"
 	"slices"
 	"sort"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/internal/envelope"
+	"github.com/idemstream/idemstream/internal/retry"
 	"github.com/idemstream/idemstream/sinks"
 )
 
@@ -90,7 +90,6 @@ func (p *Pipeline) processBatch(ctx context.Context, pz *pauser, holder string, 
 // tail are the SUCCESS completions of records after the first deferred
 // one: uncommitted until the second phase ends.
 func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, recs []dedupe.Record, fl *floors, wait bool) (deferred []int, tail []dedupe.Completion, err error) {
-	m := p.cfg.Metrics
 	r := p.newResults(pz, holder, recs, fl, wait)
 	defer func() {
 		if err != nil {
@@ -110,131 +109,185 @@ func (p *Pipeline) decideAndAct(ctx context.Context, pz *pauser, holder string, 
 	if err := r.recover(ctx); err != nil {
 		return nil, nil, err
 	}
-	outs := r.outs
 	isDeferred := make(map[int]bool, len(r.deferred))
 	for _, i := range r.deferred {
 		isDeferred[i] = true
 	}
-
-	var (
-		dlq         []sinks.Message
-		replies     []replyWork
-		counts      = map[dedupe.OutcomeKind]int{}
-		reasons     = map[dedupe.Reason]int{}
-		mismatches  int
-		rulesChange int
-		firstIn     = map[string]*firstCopy{}
-	)
-	deadLetter := func(i int, reason dedupe.Reason, cause error, paths []string) {
-		dlq = append(dlq, envelope.DeadLetter(p.cfg.DLQ, &recs[i], &outs[i], reason, cause, paths))
-		reasons[reason]++
-	}
-	for i := range outs {
-		o, rec := &outs[i], &recs[i]
+	t := newTally()
+	for i := range r.outs {
 		if isDeferred[i] {
 			continue
 		}
-		switch o.Kind {
-		case dedupe.OutcomeFirst:
-			fc := r.byRec[i]
-			firstIn[o.Key] = fc
-			if fc.stage == stageFound {
-				continue
-			}
-			res, herr := p.handle(ctx, rec, o)
-			if ctx.Err() != nil {
-				return nil, nil, ctx.Err()
-			}
-			if herr != nil {
-				fc.failed(dedupe.ReasonHandlerFailed, herr)
-				continue
-			}
-			msg := envelope.Result(p.cfg.Output, int(fc.intent.Partition), rec, o, fc.owner.Source, fc.decision, res.Value, res.Headers)
-			if p.cfg.Identity != "" {
-				msg.Headers = append(msg.Headers, dedupe.Header{Key: sinks.HeaderPipeline, Value: p.identity})
-			}
-			fc.handled(msg)
-		case dedupe.OutcomeReplay:
-			if o.Decision.RulesChanged && o.Decision.Mismatch && p.policy.Semantics == dedupe.Strict {
-				rulesChange++
-				conflict, err := p.conflictUnderCurrentRules(ctx, pz, o)
-				if err != nil {
-					return nil, nil, err
-				}
-				if conflict {
-					o.Kind, o.Reason = dedupe.OutcomeConflict, dedupe.ReasonConflict
-					o.Err = fmt.Errorf("idempotency key reused with a different payload: fingerprint %s; the first copy at %s, fingerprinted again under the current rules, differs",
-						o.Fingerprint, o.Decision.Entry.FirstSource)
-					counts[dedupe.OutcomeConflict]++
-					deadLetter(i, dedupe.ReasonConflict, o.Err, p.conflictPaths(ctx, o, recs, rec, firstIn))
-					continue
-				}
-			}
-			counts[dedupe.OutcomeReplay]++
-			if o.LenientMismatch {
-				mismatches++
-			}
-			if p.cfg.Replies != "" {
-				replies = append(replies, replyWork{rec: i, first: firstIn[o.Key], ref: o.Decision.Entry.Result, state: o.Decision.Entry.State})
-			}
-		case dedupe.OutcomeConflict:
-			counts[dedupe.OutcomeConflict]++
-			deadLetter(i, dedupe.ReasonConflict, o.Err, p.conflictPaths(ctx, o, recs, rec, firstIn))
-		default:
-			counts[dedupe.OutcomeInvalid]++
-			deadLetter(i, o.Reason, o.Err, nil)
-		}
-	}
-
-	if err := r.write(ctx); err != nil {
-		return nil, nil, err
-	}
-	failedAt := map[int]*firstCopy{} // dead letter index: its failed first copy
-	for _, fc := range r.firsts {
-		if fc.stage == stageFailed {
-			counts[dedupe.OutcomeFailed]++
-			failedAt[len(dlq)] = fc
-			deadLetter(fc.rec, fc.reason, fc.err, nil)
-		} else {
-			counts[dedupe.OutcomeFirst]++
-		}
-	}
-	if len(dlq) > 0 {
-		// A failed first copy is dead-lettered as soon as its dead letter
-		// may have been appended, whatever becomes of the others.
-		sent := func(i int) {
-			if fc := failedAt[i]; fc != nil {
-				fc.deadLettered = true
-			}
-		}
-		if _, err := p.writeAtLeastOnce(ctx, pz, "dead letters", p.cfg.DLQ, dlq, true, sent); err != nil {
+		if err := p.act(ctx, pz, r, t, i); err != nil {
 			return nil, nil, err
 		}
 	}
-	skipped := map[string]int{}
-	if len(replies) > 0 {
-		if err := p.writeReplies(ctx, pz, recs, replies, skipped); err != nil {
+	if err := r.write(ctx); err != nil {
+		return nil, nil, err
+	}
+	if err := p.sendDeadLetters(ctx, pz, r, t); err != nil {
+		return nil, nil, err
+	}
+	if len(t.replies) > 0 {
+		if err := p.writeReplies(ctx, pz, recs, t.replies, t.skipped); err != nil {
 			return nil, nil, err
 		}
 	}
 	if err := r.complete(ctx); err != nil {
 		return nil, nil, err
 	}
+	p.account(t)
+	return r.deferred, r.tail, nil
+}
 
-	if m != nil {
-		for kind, n := range counts {
+// tally is what one phase of a batch came to, gathered record by record
+// as decideAndAct acts on them: the dead letters and replies still to
+// write, and what the metrics and the log report.
+type tally struct {
+	dlq      []sinks.Message
+	failedAt map[int]*firstCopy // a dead letter's index: its failed first copy
+	replies  []replyWork
+	counts   map[dedupe.OutcomeKind]int
+	reasons  map[dedupe.Reason]int // dead letters
+	skipped  map[string]int        // replies not sent, by reason
+	// mismatches are lenient replays whose body differs; rulesChange,
+	// strict replays fingerprinted again under new rules.
+	mismatches, rulesChange int
+	// firstIn is the batch's first copy of each key acted on so far.
+	firstIn map[string]*firstCopy
+}
+
+func newTally() *tally {
+	return &tally{failedAt: map[int]*firstCopy{}, counts: map[dedupe.OutcomeKind]int{}, reasons: map[dedupe.Reason]int{},
+		skipped: map[string]int{}, firstIn: map[string]*firstCopy{}}
+}
+
+// deadLetter adds the dead letter of rec, whose outcome is o.
+func (t *tally) deadLetter(p *Pipeline, rec *dedupe.Record, o *dedupe.Outcome, reason dedupe.Reason, cause error, paths []string) {
+	t.dlq = append(t.dlq, envelope.DeadLetter(p.cfg.DLQ, rec, o, reason, cause, paths))
+	t.reasons[reason]++
+}
+
+// sent marks the failed first copy whose dead letter is t.dlq[i] as
+// dead-lettered.
+func (t *tally) sent(i int) {
+	if fc := t.failedAt[i]; fc != nil {
+		fc.deadLettered = true
+	}
+}
+
+// act acts on the outcome of record i: a first copy is handled and its
+// result staged in r, a replay counted and answered, the rest
+// dead-lettered.
+func (p *Pipeline) act(ctx context.Context, pz *pauser, r *results, t *tally, i int) error {
+	o, rec := &r.outs[i], &r.recs[i]
+	switch o.Kind {
+	case dedupe.OutcomeFirst:
+		return p.actFirst(ctx, r, t, i)
+	case dedupe.OutcomeReplay:
+		return p.actReplay(ctx, pz, r, t, i)
+	case dedupe.OutcomeConflict:
+		t.counts[dedupe.OutcomeConflict]++
+		t.deadLetter(p, rec, o, dedupe.ReasonConflict, o.Err, p.conflictPaths(ctx, o, r.recs, rec, t.firstIn))
+	default:
+		t.counts[dedupe.OutcomeInvalid]++
+		t.deadLetter(p, rec, o, o.Reason, o.Err, nil)
+	}
+	return nil
+}
+
+// actFirst runs the handler on first copy i and stages its result, unless
+// recovery found the result already written.
+func (p *Pipeline) actFirst(ctx context.Context, r *results, t *tally, i int) error {
+	o, rec := &r.outs[i], &r.recs[i]
+	fc := r.byRec[i]
+	t.firstIn[o.Key] = fc
+	if fc.stage == stageFound {
+		return nil
+	}
+	res, herr := p.handle(ctx, rec, o)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if herr != nil {
+		fc.failed(dedupe.ReasonHandlerFailed, herr)
+		return nil
+	}
+	msg := envelope.Result(p.cfg.Output, int(fc.intent.Partition), rec, o, fc.owner.Source, fc.decision, res.Value, res.Headers)
+	if p.cfg.Identity != "" {
+		msg.Headers = append(msg.Headers, dedupe.Header{Key: sinks.HeaderPipeline, Value: p.identity})
+	}
+	fc.handled(msg)
+	return nil
+}
+
+// actReplay counts replay i and queues its reply. Under strict semantics a
+// replay whose first copy was fingerprinted under other rules is a
+// conflict if the first copy, fingerprinted again under the current ones,
+// differs.
+func (p *Pipeline) actReplay(ctx context.Context, pz *pauser, r *results, t *tally, i int) error {
+	o, rec := &r.outs[i], &r.recs[i]
+	if o.Decision.RulesChanged && o.Decision.Mismatch && p.policy.Semantics == dedupe.Strict {
+		t.rulesChange++
+		conflict, err := p.conflictUnderCurrentRules(ctx, pz, o)
+		if err != nil {
+			return err
+		}
+		if conflict {
+			o.Kind, o.Reason = dedupe.OutcomeConflict, dedupe.ReasonConflict
+			o.Err = fmt.Errorf("idempotency key reused with a different payload: fingerprint %s; the first copy at %s, fingerprinted again under the current rules, differs",
+				o.Fingerprint, o.Decision.Entry.FirstSource)
+			t.counts[dedupe.OutcomeConflict]++
+			t.deadLetter(p, rec, o, dedupe.ReasonConflict, o.Err, p.conflictPaths(ctx, o, r.recs, rec, t.firstIn))
+			return nil
+		}
+	}
+	t.counts[dedupe.OutcomeReplay]++
+	if o.LenientMismatch {
+		t.mismatches++
+	}
+	if p.cfg.Replies != "" {
+		t.replies = append(t.replies, replyWork{rec: i, first: t.firstIn[o.Key], ref: o.Decision.Entry.Result, state: o.Decision.Entry.State})
+	}
+	return nil
+}
+
+// sendDeadLetters counts the batch's first copies, dead-letters those that
+// failed, and writes every dead letter of the batch. A failed first copy
+// is dead-lettered as soon as its dead letter may have been appended,
+// whatever becomes of the others.
+func (p *Pipeline) sendDeadLetters(ctx context.Context, pz *pauser, r *results, t *tally) error {
+	for _, fc := range r.firsts {
+		if fc.stage != stageFailed {
+			t.counts[dedupe.OutcomeFirst]++
+			continue
+		}
+		t.counts[dedupe.OutcomeFailed]++
+		t.failedAt[len(t.dlq)] = fc
+		t.deadLetter(p, &r.recs[fc.rec], &r.outs[fc.rec], fc.reason, fc.err, nil)
+	}
+	if len(t.dlq) == 0 {
+		return nil
+	}
+	_, err := p.writeAtLeastOnce(ctx, pz, "dead letters", p.cfg.DLQ, t.dlq, true, t.sent)
+	return err
+}
+
+// account reports what a phase came to, in the metrics and the log.
+func (p *Pipeline) account(t *tally) {
+	if m := p.cfg.Metrics; m != nil {
+		for kind, n := range t.counts {
 			m.records.WithLabelValues(p.cfg.Name, string(kind)).Add(float64(n))
 		}
-		for reason, n := range reasons {
+		for reason, n := range t.reasons {
 			m.dlqRecords.WithLabelValues(p.cfg.Name, string(reason)).Add(float64(n))
 		}
-		for reason, n := range skipped {
+		for reason, n := range t.skipped {
 			m.repliesSkipped.WithLabelValues(p.cfg.Name, reason).Add(float64(n))
 		}
-		m.lenientMismatch.WithLabelValues(p.cfg.Name).Add(float64(mismatches))
+		m.lenientMismatch.WithLabelValues(p.cfg.Name).Add(float64(t.mismatches))
 	}
-	p.logBurst(reasons, rulesChange, skipped)
-	return r.deferred, r.tail, nil
+	p.logBurst(t.reasons, t.rulesChange, t.skipped)
 }
 
 // keepLonger asks the store to keep completed entries for

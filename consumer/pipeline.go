@@ -6,13 +6,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/idemstream/idemstream/internal/retry"
 	"log/slog"
 	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemstream/idemstream/internal/retry"
 
 	"github.com/segmentio/kafka-go"
 
@@ -632,118 +633,176 @@ func (p *Pipeline) runPartition(gen, hard context.Context, commit committer, gen
 	log := p.log.With("partition", partition)
 	ctx, cancel := drainContext(gen, hard, p.cfg.DrainTimeout)
 	defer cancel()
-	pz := &pauser{p: p, log: log}
-	defer pz.done()
-	held := 0 // records fetched and not yet committed or dropped
-	defer func() { p.inflight(-held) }()
-	ahead := &prefetcher{p: p, gen: gen, partition: partition}
-	defer ahead.wait()
-	refetch := retry.Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}
-	if (offset == kafka.FirstOffset && !p.cfg.Start.Time.IsZero()) || offset == kafka.LastOffset {
-		start, err := p.startAt(gen, pz, partition)
-		if err != nil {
-			if gen.Err() == nil {
-				p.stop(fmt.Errorf("start of %s/%d at %s: %w", p.cfg.Input, partition, p.startName(), err))
-			}
-			return
-		}
-		log.Info("no committed offset: starting where the pipeline's start says", "start", p.startName(), "offset", start)
-		// Committed at once: resolved again by the next owner, "latest"
-		// would skip what this one read and did not finish.
-		if !p.commit(ctx, pz, commit, partition, start) {
-			return
-		}
-		offset = start
+	run := &partitionWork{p: p, gen: gen, ctx: ctx, commit: commit, partition: partition, offset: offset, holder: holder, log: log,
+		pz:      &pauser{p: p, log: log},
+		ahead:   &prefetcher{p: p, gen: gen, partition: partition},
+		refetch: retry.Backoff{Min: 200 * time.Millisecond, Max: 10 * time.Second}}
+	defer run.pz.done()
+	defer func() { p.inflight(-run.held) }()
+	defer run.ahead.wait()
+	if !run.begin() {
+		return
 	}
 	for gen.Err() == nil {
-		recs, hw, err := ahead.fetch(offset)
-		if err == nil && len(recs) > 0 {
-			// The next records are read while these are decided; a batch
-			// dropped below reads from its offset again instead.
-			ahead.start(recs[len(recs)-1].Offset + 1)
-		}
-		if err != nil {
-			if gen.Err() != nil {
-				return
-			}
-			if errors.Is(err, kafka.OffsetOutOfRange) {
-				log.Warn("committed offset out of range; starting from the earliest record", "offset", offset)
-				offset = kafka.FirstOffset
-				continue
-			}
-			if !dedupe.IsRetryable(err) {
-				p.stop(fmt.Errorf("fetch %s/%d: %w", p.cfg.Input, partition, err))
-				return
-			}
-			pz.pause(gen, "fetch", err)
-			continue
-		}
-		pz.resume()
-		fetched := time.Now()
-		p.setLag(partition, hw, offset, recs)
-		held = len(recs)
-		p.inflight(held)
-		fl := &floors{}
-		for start := 0; start < len(recs) && gen.Err() == nil; start += p.cfg.BatchSize {
-			batch := recs[start:min(start+p.cfg.BatchSize, len(recs))]
-			// commitTo commits a batch's records up to next (the batch
-			// commits what is complete before it waits for keys held
-			// elsewhere, then the rest).
-			commitTo := func(next int64) {
-				if next <= offset {
-					return
-				}
-				p.commit(ctx, pz, commit, partition, next)
-				done := 0
-				for _, r := range batch {
-					if r.Offset < next && r.Offset >= offset {
-						done++
-					}
-				}
-				offset = next
-				p.inflight(-done)
-				held -= done
-				p.setLag(partition, hw, offset, nil)
-			}
-			err := p.processBatch(ctx, pz, holder, batch, fetched, fl, commitTo)
-			if err == nil {
-				refetch.Reset()
-				commitTo(batch[len(batch)-1].Offset + 1)
-				continue
-			}
-			if m := p.cfg.Metrics; m != nil {
-				m.batchesAbandoned.WithLabelValues(p.cfg.Name).Inc()
-			}
-			if ctx.Err() != nil {
-				log.Info("revoked: the batch in hand did not finish within the drain time; its records go to the next owner",
-					"offset", offset, "drain", p.cfg.DrainTimeout)
-				return
-			}
-			if !errors.Is(err, errFenced) && !dedupe.IsRetryable(err) {
-				// Only a fenced batch, or one that met an error that may
-				// pass, is worth reading again: anything else that ends
-				// a batch would end it again (a record the topic refuses,
-				// a store that refuses a request), and reading it again
-				// and again would write its dead letters and results
-				// again each time.
-				log.Error("stopping: an error that retrying cannot cure; nothing past it is committed", "offset", offset, "err", err)
-				p.stop(err)
-				return
-			}
-			// Fenced (another worker took a key over), or an error that
-			// may pass: drop the batch, commit nothing, and read again
-			// from the last committed offset after a pause that grows
-			// while it happens again; the store decides what comes back.
-			wait := refetch.Next()
-			log.Warn("batch dropped without commit; its records are read again", "offset", offset, "after", wait, "err", err)
-			p.inflight(-held)
-			held = 0
-			if retry.Sleep(gen, wait) != nil {
-				return
-			}
-			break
+		if !run.next() {
+			return
 		}
 	}
+}
+
+// partitionWork is one partition's work in one generation: where it has
+// committed to, what it holds, and how it reads again after a failure.
+type partitionWork struct {
+	p         *Pipeline
+	gen, ctx  context.Context // the generation's, and the drain's that outlives it
+	commit    committer
+	partition int
+	holder    string
+	log       *slog.Logger
+	pz        *pauser
+	ahead     *prefetcher
+	refetch   retry.Backoff
+	// offset is the next record to process, committed; held the records
+	// fetched and not yet committed or dropped; hw the partition's high
+	// watermark at the last fetch.
+	offset int64
+	held   int
+	hw     int64
+	// batch is the batch in hand, for commitTo.
+	batch []sinks.Fetched
+}
+
+// begin resolves where a partition without a committed offset starts, as
+// the pipeline's start says, and commits it at once: resolved again by the
+// next owner, "latest" would skip what this one read and did not finish.
+// It reports whether the run goes on.
+func (r *partitionWork) begin() bool {
+	p := r.p
+	if !((r.offset == kafka.FirstOffset && !p.cfg.Start.Time.IsZero()) || r.offset == kafka.LastOffset) {
+		return true
+	}
+	start, err := p.startAt(r.gen, r.pz, r.partition)
+	if err != nil {
+		if r.gen.Err() == nil {
+			p.stop(fmt.Errorf("start of %s/%d at %s: %w", p.cfg.Input, r.partition, p.startName(), err))
+		}
+		return false
+	}
+	r.log.Info("no committed offset: starting where the pipeline's start says", "start", p.startName(), "offset", start)
+	if !p.commit(r.ctx, r.pz, r.commit, r.partition, start) {
+		return false
+	}
+	r.offset = start
+	return true
+}
+
+// next fetches from the offset and processes what it gets, batch by batch.
+// It reports whether the run goes on.
+func (r *partitionWork) next() bool {
+	p := r.p
+	recs, hw, err := r.ahead.fetch(r.offset)
+	if err == nil && len(recs) > 0 {
+		// The next records are read while these are decided; a batch
+		// dropped below reads from its offset again instead.
+		r.ahead.start(recs[len(recs)-1].Offset + 1)
+	}
+	if err != nil {
+		return r.fetchFailed(err)
+	}
+	r.pz.resume()
+	fetched := time.Now()
+	r.hw = hw
+	p.setLag(r.partition, hw, r.offset, recs)
+	r.held = len(recs)
+	p.inflight(r.held)
+	fl := &floors{}
+	for start := 0; start < len(recs) && r.gen.Err() == nil; start += p.cfg.BatchSize {
+		r.batch = recs[start:min(start+p.cfg.BatchSize, len(recs))]
+		err := p.processBatch(r.ctx, r.pz, r.holder, r.batch, fetched, fl, r.commitTo)
+		if err == nil {
+			r.refetch.Reset()
+			r.commitTo(r.batch[len(r.batch)-1].Offset + 1)
+			continue
+		}
+		// Whatever comes next, the rest of what was fetched is read
+		// again (or by the next owner).
+		return r.batchFailed(err)
+	}
+	return true
+}
+
+// fetchFailed handles a fetch's error: the end of the generation ends the
+// run; an offset out of range starts again from the earliest record; an
+// error that may pass pauses the partition; any other stops the pipeline.
+func (r *partitionWork) fetchFailed(err error) bool {
+	p := r.p
+	if r.gen.Err() != nil {
+		return false
+	}
+	if errors.Is(err, kafka.OffsetOutOfRange) {
+		r.log.Warn("committed offset out of range; starting from the earliest record", "offset", r.offset)
+		r.offset = kafka.FirstOffset
+		return true
+	}
+	if !dedupe.IsRetryable(err) {
+		p.stop(fmt.Errorf("fetch %s/%d: %w", p.cfg.Input, r.partition, err))
+		return false
+	}
+	r.pz.pause(r.gen, "fetch", err)
+	return true
+}
+
+// commitTo commits the batch in hand's records up to next: the batch
+// commits what is complete before it waits for keys held elsewhere, then
+// the rest.
+func (r *partitionWork) commitTo(next int64) {
+	if next <= r.offset {
+		return
+	}
+	r.p.commit(r.ctx, r.pz, r.commit, r.partition, next)
+	done := 0
+	for _, rec := range r.batch {
+		if rec.Offset < next && rec.Offset >= r.offset {
+			done++
+		}
+	}
+	r.offset = next
+	r.p.inflight(-done)
+	r.held -= done
+	r.p.setLag(r.partition, r.hw, r.offset, nil)
+}
+
+// batchFailed handles a batch that ended without its commit, and reports
+// whether the run goes on.
+func (r *partitionWork) batchFailed(err error) bool {
+	p := r.p
+	if m := p.cfg.Metrics; m != nil {
+		m.batchesAbandoned.WithLabelValues(p.cfg.Name).Inc()
+	}
+	if r.ctx.Err() != nil {
+		r.log.Info("revoked: the batch in hand did not finish within the drain time; its records go to the next owner",
+			"offset", r.offset, "drain", p.cfg.DrainTimeout)
+		return false
+	}
+	if !errors.Is(err, errFenced) && !dedupe.IsRetryable(err) {
+		// Only a fenced batch, or one that met an error that may pass,
+		// is worth reading again: anything else that ends a batch would
+		// end it again (a record the topic refuses, a store that refuses
+		// a request), and reading it again and again would write its
+		// dead letters and results again each time.
+		r.log.Error("stopping: an error that retrying cannot cure; nothing past it is committed", "offset", r.offset, "err", err)
+		p.stop(err)
+		return false
+	}
+	// Fenced (another worker took a key over), or an error that may
+	// pass: drop the batch, commit nothing, and read again from the last
+	// committed offset after a pause that grows while it happens again;
+	// the store decides what comes back.
+	wait := r.refetch.Next()
+	r.log.Warn("batch dropped without commit; its records are read again", "offset", r.offset, "after", wait, "err", err)
+	p.inflight(-r.held)
+	r.held = 0
+	return retry.Sleep(r.gen, wait) == nil
 }
 
 // commit commits next as the partition's offset, and tries again with

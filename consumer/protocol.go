@@ -336,52 +336,74 @@ func (r *results) write(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		var again, unknown []*firstCopy
-		for j, fc := range todo {
-			w := sinks.Written{Offset: dedupe.NoPosition, Err: werr}
-			if written != nil {
-				w = written[j]
-			}
-			switch {
-			case w.Err == nil && w.Offset >= 0:
-				fc.wrote(w)
-			case errors.Is(w.Err, sinks.ErrAmbiguous):
-				again, unknown = append(again, fc), append(unknown, fc)
-			case dedupe.Classify(w.Err) == dedupe.Poison:
-				fc.failed(dedupe.ReasonOf(w.Err), fmt.Errorf("the broker refused the result record: %w", w.Err))
-			case dedupe.IsRetryable(w.Err):
-				fc.stage = stageHandled // refused for now: nothing appended
-				again = append(again, fc)
-			default:
-				return fmt.Errorf("write results to %s: %w", r.p.cfg.Output, w.Err)
-			}
+		again, unknown, err := r.sortWrites(todo, written, werr)
+		if err != nil {
+			return err
 		}
 		if len(again) == 0 {
 			r.pz.resume()
 			return nil
 		}
 		r.pz.pause(ctx, "write", werr)
-		if len(unknown) > 0 {
-			if err := retry.Sleep(ctx, r.p.cfg.SettleWait); err != nil {
-				return err
-			}
-			found, err := r.p.scanFor(ctx, r.pz, unknown)
-			if err != nil {
-				return err
-			}
-			for _, fc := range unknown {
-				if w, ok := found[fc]; ok {
-					fc.wrote(w)
-				} else {
-					fc.stage = stageHandled // settled and absent: not appended
-				}
-			}
+		if err := r.settle(ctx, unknown); err != nil {
+			return err
 		}
 		todo = todo[:0]
 		for _, fc := range again {
 			if fc.stage == stageHandled {
 				todo = append(todo, fc)
 			}
+		}
+	}
+	return nil
+}
+
+// sortWrites sorts the results of a write that failed (werr) by what
+// became of each: written; maybe appended (unknown, to be looked for) or
+// refused for now, both to be written again (again); refused for good,
+// the first copy failed. A refusal of the topic itself is the error.
+func (r *results) sortWrites(todo []*firstCopy, written []sinks.Written, werr error) (again, unknown []*firstCopy, err error) {
+	for j, fc := range todo {
+		w := sinks.Written{Offset: dedupe.NoPosition, Err: werr}
+		if written != nil {
+			w = written[j]
+		}
+		switch {
+		case w.Err == nil && w.Offset >= 0:
+			fc.wrote(w)
+		case errors.Is(w.Err, sinks.ErrAmbiguous):
+			again, unknown = append(again, fc), append(unknown, fc)
+		case dedupe.Classify(w.Err) == dedupe.Poison:
+			fc.failed(dedupe.ReasonOf(w.Err), fmt.Errorf("the broker refused the result record: %w", w.Err))
+		case dedupe.IsRetryable(w.Err):
+			fc.stage = stageHandled // refused for now: nothing appended
+			again = append(again, fc)
+		default:
+			return nil, nil, fmt.Errorf("write results to %s: %w", r.p.cfg.Output, w.Err)
+		}
+	}
+	return again, unknown, nil
+}
+
+// settle waits SettleWait and looks for the results that may have been
+// appended: one found was written; one absent was not, and is written
+// again.
+func (r *results) settle(ctx context.Context, unknown []*firstCopy) error {
+	if len(unknown) == 0 {
+		return nil
+	}
+	if err := retry.Sleep(ctx, r.p.cfg.SettleWait); err != nil {
+		return err
+	}
+	found, err := r.p.scanFor(ctx, r.pz, unknown)
+	if err != nil {
+		return err
+	}
+	for _, fc := range unknown {
+		if w, ok := found[fc]; ok {
+			fc.wrote(w)
+		} else {
+			fc.stage = stageHandled // settled and absent: not appended
 		}
 	}
 	return nil

@@ -201,101 +201,121 @@ func ContractAsyncAPI(cfg *Config) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	type m = map[string]any
-	channels, operations, messages := m{}, m{}, m{}
-	ref := func(path string) m { return m{"$ref": path} }
+	channels, operations, messages := yamlMap{}, yamlMap{}, yamlMap{}
+	ref := func(path string) yamlMap { return yamlMap{"$ref": path} }
 	for _, p := range pipes {
 		n := p.Name
-		keyHeader := m{"type": "string", "maxLength": p.Key.MaxLength}
-		if p.Key.Format == "uuid" {
-			keyHeader["format"] = "uuid"
-		} else if strings.HasPrefix(p.Key.Format, "regex:") {
-			keyHeader["pattern"] = "^(?:" + strings.TrimPrefix(p.Key.Format, "regex:") + ")$"
-		}
-		command := m{
-			"name":        n + ".command",
-			"title":       "Command of " + n,
-			"summary":     p.SemanticsName,
-			"contentType": contentType(p.Payload),
-			"x-idempotency": m{
-				"key":             m{"from": p.Key.From, "name": p.Key.Name, "format": p.Key.Format, "maxLength": p.Key.MaxLength},
-				"semantics":       p.Semantics,
-				"sameKeySameBody": p.SameBody,
-				"sameKeyNewBody":  p.OtherBody,
-				"window":          p.Window.String(),
-				"clock":           p.Clock,
-				"volatile":        nonNil(p.Volatile),
-				"unordered":       nonNil(p.Unordered),
-				"canonicalForm":   "RFC 8785 (JCS); payload " + p.Payload,
-				"pending":         p.Pending,
-				"pendingTimeout":  p.PendingTimeout.String(),
-				"failedTTL":       p.FailedTTL.String(),
-				"rulesDigest":     p.RulesDigest,
-			},
-		}
-		if p.Key.From == string(dedupe.KeyFromHeader) {
-			command["headers"] = m{"type": "object", "required": []string{p.Key.Name}, "properties": m{p.Key.Name: keyHeader}}
-		}
-		if p.ReadsSchema() {
-			command["x-idempotency"].(m)["readerSchema"] = readerSchemaRef(p)
-		}
-		result := m{
-			"name": n + ".result", "title": "Result of " + n,
-			"headers": m{"type": "object", "required": []string{"idemstream-key", "idemstream-fingerprint", "idemstream-source", "idemstream-outcome"},
-				"properties": m{
-					"idemstream-key":         m{"type": "string"},
-					"idemstream-fingerprint": m{"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
-					"idemstream-source":      m{"type": "string", "description": "topic/partition/offset of the command"},
-					"idemstream-outcome":     m{"const": "first"},
-				}},
-		}
-		dead := m{
-			"name": n + ".dead-letter", "title": "Dead letter of " + n,
-			"headers": m{"type": "object", "required": []string{"idemstream-reason", "idemstream-error", "idemstream-source"},
-				"properties": m{
-					"idemstream-reason":            m{"enum": []string{"conflict", "missing_key", "invalid_key", "malformed_payload", "payload_too_large", "invalid_schema", "unknown_schema", "incompatible_schema", "non_finite_number", "handler_failed"}},
-					"idemstream-error":             m{"type": "string"},
-					"idemstream-source":            m{"type": "string"},
-					"idemstream-fingerprint":       m{"type": "string"},
-					"idemstream-first-fingerprint": m{"type": "string"},
-					"idemstream-first-source":      m{"type": "string"},
-					"idemstream-conflict-paths":    m{"type": "string", "description": "comma-separated JSON Pointers"},
-				}},
-		}
-		messages[n+".command"], messages[n+".result"], messages[n+".dead-letter"] = command, result, dead
-		channels[n+".input"] = m{"address": p.Input, "messages": m{"command": ref("#/components/messages/" + n + ".command")}}
-		channels[n+".output"] = m{"address": p.Output, "messages": m{"result": ref("#/components/messages/" + n + ".result")}}
-		channels[n+".dlq"] = m{"address": p.DLQ, "messages": m{"deadLetter": ref("#/components/messages/" + n + ".dead-letter")}}
-		operations[n+".receiveCommand"] = m{"action": "receive", "channel": ref("#/channels/" + n + ".input"),
+		messages[n+".command"], messages[n+".result"], messages[n+".dead-letter"] = asyncCommand(p), asyncResult(n), asyncDeadLetter(n)
+		channels[n+".input"] = yamlMap{"address": p.Input, "messages": yamlMap{"command": ref("#/components/messages/" + n + ".command")}}
+		channels[n+".output"] = yamlMap{"address": p.Output, "messages": yamlMap{"result": ref("#/components/messages/" + n + ".result")}}
+		channels[n+".dlq"] = yamlMap{"address": p.DLQ, "messages": yamlMap{"deadLetter": ref("#/components/messages/" + n + ".dead-letter")}}
+		operations[n+".receiveCommand"] = yamlMap{"action": "receive", "channel": ref("#/channels/" + n + ".input"),
 			"summary": "consumed as group " + p.ConsumerGroup}
-		operations[n+".sendResult"] = m{"action": "send", "channel": ref("#/channels/" + n + ".output"),
+		operations[n+".sendResult"] = yamlMap{"action": "send", "channel": ref("#/channels/" + n + ".output"),
 			"summary": "exactly one result per key per window"}
-		operations[n+".sendDeadLetter"] = m{"action": "send", "channel": ref("#/channels/" + n + ".dlq")}
+		operations[n+".sendDeadLetter"] = yamlMap{"action": "send", "channel": ref("#/channels/" + n + ".dlq")}
 		if p.Replies != "" {
-			messages[n+".reply"] = m{"name": n + ".reply", "title": "Replayed result of " + n,
-				"headers": m{"type": "object", "required": []string{"idemstream-replayed"}, "properties": m{"idemstream-replayed": m{"const": "true"}}}}
-			channels[n+".replies"] = m{"address": p.Replies, "messages": m{"reply": ref("#/components/messages/" + n + ".reply")}}
-			operations[n+".sendReply"] = m{"action": "send", "channel": ref("#/channels/" + n + ".replies")}
+			messages[n+".reply"] = yamlMap{"name": n + ".reply", "title": "Replayed result of " + n,
+				"headers": yamlMap{"type": "object", "required": []string{"idemstream-replayed"}, "properties": yamlMap{"idemstream-replayed": yamlMap{"const": "true"}}}}
+			channels[n+".replies"] = yamlMap{"address": p.Replies, "messages": yamlMap{"reply": ref("#/components/messages/" + n + ".reply")}}
+			operations[n+".sendReply"] = yamlMap{"action": "send", "channel": ref("#/channels/" + n + ".replies")}
 		}
 	}
+	return orderedYAML([]string{"asyncapi", "info", "defaultContentType", "channels", "operations", "components"}, []any{
+		"3.0.0",
+		yamlMap{"title": "idemstream idempotency contract", "version": "1.0.0",
+			"description": "Generated by `idemstream contract` from the configuration that drives the consumer."},
+		"application/json", channels, operations, yamlMap{"messages": messages},
+	})
+}
+
+// yamlMap is a YAML mapping of a generated document; the encoder sorts its
+// keys.
+type yamlMap = map[string]any
+
+// asyncCommand is the AsyncAPI message of p's commands, its idempotency
+// rules under x-idempotency.
+func asyncCommand(p contractPipeline) yamlMap {
+	keyHeader := yamlMap{"type": "string", "maxLength": p.Key.MaxLength}
+	if p.Key.Format == "uuid" {
+		keyHeader["format"] = "uuid"
+	} else if strings.HasPrefix(p.Key.Format, "regex:") {
+		keyHeader["pattern"] = "^(?:" + strings.TrimPrefix(p.Key.Format, "regex:") + ")$"
+	}
+	idem := yamlMap{
+		"key":             yamlMap{"from": p.Key.From, "name": p.Key.Name, "format": p.Key.Format, "maxLength": p.Key.MaxLength},
+		"semantics":       p.Semantics,
+		"sameKeySameBody": p.SameBody,
+		"sameKeyNewBody":  p.OtherBody,
+		"window":          p.Window.String(),
+		"clock":           p.Clock,
+		"volatile":        nonNil(p.Volatile),
+		"unordered":       nonNil(p.Unordered),
+		"canonicalForm":   "RFC 8785 (JCS); payload " + p.Payload,
+		"pending":         p.Pending,
+		"pendingTimeout":  p.PendingTimeout.String(),
+		"failedTTL":       p.FailedTTL.String(),
+		"rulesDigest":     p.RulesDigest,
+	}
+	if p.ReadsSchema() {
+		idem["readerSchema"] = readerSchemaRef(p)
+	}
+	command := yamlMap{
+		"name":          p.Name + ".command",
+		"title":         "Command of " + p.Name,
+		"summary":       p.SemanticsName,
+		"contentType":   contentType(p.Payload),
+		"x-idempotency": idem,
+	}
+	if p.Key.From == string(dedupe.KeyFromHeader) {
+		command["headers"] = yamlMap{"type": "object", "required": []string{p.Key.Name}, "properties": yamlMap{p.Key.Name: keyHeader}}
+	}
+	return command
+}
+
+// asyncResult is the AsyncAPI message of pipeline n's results.
+func asyncResult(n string) yamlMap {
+	return yamlMap{
+		"name": n + ".result", "title": "Result of " + n,
+		"headers": yamlMap{"type": "object", "required": []string{"idemstream-key", "idemstream-fingerprint", "idemstream-source", "idemstream-outcome"},
+			"properties": yamlMap{
+				"idemstream-key":         yamlMap{"type": "string"},
+				"idemstream-fingerprint": yamlMap{"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+				"idemstream-source":      yamlMap{"type": "string", "description": "topic/partition/offset of the command"},
+				"idemstream-outcome":     yamlMap{"const": "first"},
+			}},
+	}
+}
+
+// asyncDeadLetter is the AsyncAPI message of pipeline n's dead letters.
+func asyncDeadLetter(n string) yamlMap {
+	return yamlMap{
+		"name": n + ".dead-letter", "title": "Dead letter of " + n,
+		"headers": yamlMap{"type": "object", "required": []string{"idemstream-reason", "idemstream-error", "idemstream-source"},
+			"properties": yamlMap{
+				"idemstream-reason":            yamlMap{"enum": []string{"conflict", "missing_key", "invalid_key", "malformed_payload", "payload_too_large", "invalid_schema", "unknown_schema", "incompatible_schema", "non_finite_number", "handler_failed"}},
+				"idemstream-error":             yamlMap{"type": "string"},
+				"idemstream-source":            yamlMap{"type": "string"},
+				"idemstream-fingerprint":       yamlMap{"type": "string"},
+				"idemstream-first-fingerprint": yamlMap{"type": "string"},
+				"idemstream-first-source":      yamlMap{"type": "string"},
+				"idemstream-conflict-paths":    yamlMap{"type": "string", "description": "comma-separated JSON Pointers"},
+			}},
+	}
+}
+
+// orderedYAML encodes a mapping of keys to values in the order given (a
+// document's top level reads in its specification's order), indented by
+// two.
+func orderedYAML(keys []string, values []any) ([]byte, error) {
 	doc := yaml.Node{Kind: yaml.MappingNode}
-	add := func(k string, v any) {
+	for i, k := range keys {
 		var kn, vn yaml.Node
 		kn.SetString(k)
-		if err == nil {
-			err = vn.Encode(v)
+		if err := vn.Encode(values[i]); err != nil {
+			return nil, err
 		}
 		doc.Content = append(doc.Content, &kn, &vn)
-	}
-	add("asyncapi", "3.0.0")
-	add("info", m{"title": "idemstream idempotency contract", "version": "1.0.0",
-		"description": "Generated by `idemstream contract` from the configuration that drives the consumer."})
-	add("defaultContentType", "application/json")
-	add("channels", channels)
-	add("operations", operations)
-	add("components", m{"messages": messages})
-	if err != nil {
-		return nil, err
 	}
 	var b bytes.Buffer
 	enc := yaml.NewEncoder(&b)

@@ -193,91 +193,111 @@ func (c *Config) validate() error {
 	if c.Store.Redis.URL != "" && len(c.Store.Redis.Addrs) > 0 {
 		return fieldErr("store.redis.addrs", "give either store.redis.url or store.redis.addrs, not both")
 	}
-	names := map[string]int{}
-	groups := map[string]int{}
-	outputs := map[string]int{}
+	seen := pipelineNames{names: map[string]int{}, groups: map[string]int{}, outputs: map[string]int{}}
 	for i, p := range c.Pipelines {
 		at := func(field string) string { return fmt.Sprintf("pipelines[%d].%s", i, field) }
-		if j, dup := names[p.Name]; dup {
-			return fieldErr(at("name"), "%q is already the name of pipelines[%d]", p.Name, j)
-		}
-		names[p.Name] = i
-		group := c.ConsumerGroup(p)
-		if j, dup := groups[group]; dup {
-			return fieldErr(at("group"), "consumer group %q is already used by pipelines[%d]: two pipelines in one group would steal each other's partitions", group, j)
-		}
-		groups[group] = i
-		for _, t := range []struct{ field, topic string }{{"output", p.Output}, {"dlq", p.DLQ}, {"replies", p.Replies}} {
-			if t.topic == p.Input {
-				return fieldErr(at(t.field), "%q is also the input topic: idemstream would consume its own records", t.topic)
-			}
-		}
-		if j, dup := outputs[p.Output]; dup {
-			return fieldErr(at("output"), "%q is already the output of pipelines[%d]: a recovery scan could take the other pipeline's result for its own; give each pipeline its own output topic", p.Output, j)
-		}
-		outputs[p.Output] = i
-		for j, q := range c.Pipelines {
-			if j != i && (q.DLQ == p.Output || (q.Replies != "" && q.Replies == p.Output)) {
-				return fieldErr(at("output"), "%q is also a dead-letter or replies topic of pipelines[%d]: a recovery scan could take those records for results; give each pipeline its own output topic", p.Output, j)
-			}
-		}
-		if p.DLQ == p.Output {
-			return fieldErr(at("dlq"), "%q is also the output topic: dead letters would pass for results", p.DLQ)
-		}
-		if p.Replies != "" && (p.Replies == p.Output || p.Replies == p.DLQ) {
-			return fieldErr(at("replies"), "%q must differ from the output and dlq topics", p.Replies)
-		}
-		if (p.Key.From == string(dedupe.KeyFromHeader) || p.Key.From == string(dedupe.KeyFromField)) && p.Key.Name == "" {
-			return fieldErr(at("key.name"), "required when key.from is %s", p.Key.From)
-		}
-		if p.Key.From == string(dedupe.KeyFromField) {
-			ptr, err := dedupe.ParsePointer(p.Key.Name)
-			if err != nil {
-				return fieldErr(at("key.name"), "%v", err)
-			}
-			if slices.Contains(ptr.Tokens(), "*") {
-				return fieldErr(at("key.name"), "%s: a key field must name one value, not a * wildcard", p.Key.Name)
-			}
-			if p.Payload == string(dedupe.PayloadRaw) {
-				return fieldErr(at("key.from"), "field keys need payload: json (a raw payload has no fields)")
-			}
-		}
-		if _, err := dedupe.ParseKeyFormat(p.Key.Format); err != nil {
-			return fieldErr(at("key.format"), "%v", err)
-		}
-		if err := c.checkSchemaPayload(&p, at); err != nil {
+		if err := c.validateTopics(i, p, at, &seen); err != nil {
 			return err
+		}
+		if err := c.validatePipeline(p, at); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pipelineNames are the names, consumer groups and output topics of the
+// pipelines checked so far, each with its pipeline's index.
+type pipelineNames struct{ names, groups, outputs map[string]int }
+
+// validateTopics checks that pipeline i's name, group and topics are its
+// own: no two pipelines share a name, a group or an output, and no topic
+// of one is read or written by it or another in another role.
+func (c *Config) validateTopics(i int, p Pipeline, at func(string) string, seen *pipelineNames) error {
+	if j, dup := seen.names[p.Name]; dup {
+		return fieldErr(at("name"), "%q is already the name of pipelines[%d]", p.Name, j)
+	}
+	seen.names[p.Name] = i
+	group := c.ConsumerGroup(p)
+	if j, dup := seen.groups[group]; dup {
+		return fieldErr(at("group"), "consumer group %q is already used by pipelines[%d]: two pipelines in one group would steal each other's partitions", group, j)
+	}
+	seen.groups[group] = i
+	for _, t := range []struct{ field, topic string }{{"output", p.Output}, {"dlq", p.DLQ}, {"replies", p.Replies}} {
+		if t.topic == p.Input {
+			return fieldErr(at(t.field), "%q is also the input topic: idemstream would consume its own records", t.topic)
+		}
+	}
+	if j, dup := seen.outputs[p.Output]; dup {
+		return fieldErr(at("output"), "%q is already the output of pipelines[%d]: a recovery scan could take the other pipeline's result for its own; give each pipeline its own output topic", p.Output, j)
+	}
+	seen.outputs[p.Output] = i
+	for j, q := range c.Pipelines {
+		if j != i && (q.DLQ == p.Output || (q.Replies != "" && q.Replies == p.Output)) {
+			return fieldErr(at("output"), "%q is also a dead-letter or replies topic of pipelines[%d]: a recovery scan could take those records for results; give each pipeline its own output topic", p.Output, j)
+		}
+	}
+	if p.DLQ == p.Output {
+		return fieldErr(at("dlq"), "%q is also the output topic: dead letters would pass for results", p.DLQ)
+	}
+	if p.Replies != "" && (p.Replies == p.Output || p.Replies == p.DLQ) {
+		return fieldErr(at("replies"), "%q must differ from the output and dlq topics", p.Replies)
+	}
+	return nil
+}
+
+// validatePipeline checks one pipeline's key, payload, rules and times.
+func (c *Config) validatePipeline(p Pipeline, at func(string) string) error {
+	if (p.Key.From == string(dedupe.KeyFromHeader) || p.Key.From == string(dedupe.KeyFromField)) && p.Key.Name == "" {
+		return fieldErr(at("key.name"), "required when key.from is %s", p.Key.From)
+	}
+	if p.Key.From == string(dedupe.KeyFromField) {
+		ptr, err := dedupe.ParsePointer(p.Key.Name)
+		if err != nil {
+			return fieldErr(at("key.name"), "%v", err)
+		}
+		if slices.Contains(ptr.Tokens(), "*") {
+			return fieldErr(at("key.name"), "%s: a key field must name one value, not a * wildcard", p.Key.Name)
 		}
 		if p.Payload == string(dedupe.PayloadRaw) {
-			switch {
-			case len(p.Volatile) > 0:
-				return fieldErr(at("volatile"), "a raw payload is hashed byte for byte: volatile paths would be ignored")
-			case len(p.Unordered) > 0:
-				return fieldErr(at("unordered"), "a raw payload is hashed byte for byte: unordered paths would be ignored")
-			case p.Schema != "":
-				return fieldErr(at("schema"), "a JSON Schema needs payload: json")
-			}
+			return fieldErr(at("key.from"), "field keys need payload: json (a raw payload has no fields)")
 		}
-		for field, d := range map[string]Duration{"window": p.Window, "pending_timeout": p.PendingTimeout, "failed_ttl": p.FailedTTL, "client_max_retry_interval": p.ClientMaxRetryInterval} {
-			if d <= 0 {
-				return fieldErr(at(field), "must be longer than zero")
-			}
+	}
+	if _, err := dedupe.ParseKeyFormat(p.Key.Format); err != nil {
+		return fieldErr(at("key.format"), "%v", err)
+	}
+	if err := c.checkSchemaPayload(&p, at); err != nil {
+		return err
+	}
+	if p.Payload == string(dedupe.PayloadRaw) {
+		switch {
+		case len(p.Volatile) > 0:
+			return fieldErr(at("volatile"), "a raw payload is hashed byte for byte: volatile paths would be ignored")
+		case len(p.Unordered) > 0:
+			return fieldErr(at("unordered"), "a raw payload is hashed byte for byte: unordered paths would be ignored")
+		case p.Schema != "":
+			return fieldErr(at("schema"), "a JSON Schema needs payload: json")
 		}
-		// The second pitfall of docs/incident.md: a window shorter than the client's
-		// retry interval turns a late retry into a second charge.
-		if err := checkRetryWindow(at("window"), p.Window, p.ClientMaxRetryInterval); err != nil {
-			return err
+	}
+	for field, d := range map[string]Duration{"window": p.Window, "pending_timeout": p.PendingTimeout, "failed_ttl": p.FailedTTL, "client_max_retry_interval": p.ClientMaxRetryInterval} {
+		if d <= 0 {
+			return fieldErr(at(field), "must be longer than zero")
 		}
-		if _, _, err := p.StartPosition(); err != nil {
-			return fieldErr(at("start"), "%v", err)
-		}
-		if _, err := dedupe.NewCanonicalizer(p.rules()); err != nil {
-			return fieldErr(at(pointerField(err)), "%v", err)
-		}
-		if p.Schema != "" {
-			if _, err := compilePayloadSchema(c.Resolve(p.Schema)); err != nil {
-				return fieldErr(at("schema"), "%v", err)
-			}
+	}
+	// The second pitfall of docs/incident.md: a window shorter than the client's
+	// retry interval turns a late retry into a second charge.
+	if err := checkRetryWindow(at("window"), p.Window, p.ClientMaxRetryInterval); err != nil {
+		return err
+	}
+	if _, _, err := p.StartPosition(); err != nil {
+		return fieldErr(at("start"), "%v", err)
+	}
+	if _, err := dedupe.NewCanonicalizer(p.rules()); err != nil {
+		return fieldErr(at(pointerField(err)), "%v", err)
+	}
+	if p.Schema != "" {
+		if _, err := compilePayloadSchema(c.Resolve(p.Schema)); err != nil {
+			return fieldErr(at("schema"), "%v", err)
 		}
 	}
 	return nil

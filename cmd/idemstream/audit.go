@@ -25,99 +25,29 @@ const auditSynopsis = `-b BROKERS -t TOPIC [-c FILE [--pipeline NAME] | [--key h
                  [-o text|json] [--suggest FILE]`
 
 func cmdAudit(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "audit", auditSynopsis)
-	cf := addConfigFlags(fs)
-	pipeline := fs.String("pipeline", "", "pipeline whose key rules, rules and window apply (optional when the config has one)")
-	brokers := fs.String("brokers", "", "Kafka bootstrap brokers, comma-separated (or IDEMSTREAM_BROKERS; with --config, the file's)")
-	short(fs, "b", "brokers")
-	topic := fs.String("topic", "", "topic to read (with --config, the pipeline's input by default)")
-	short(fs, "t", "topic")
-	keyFlag := fs.String("key", "", "where the idempotency key is: header:NAME, field:/pointer or message_key (default header:Idempotency-Key)")
-	format := fs.String("key-format", "", "key format: uuid, any or regex:RE (default uuid)")
-	from := fs.String("from", "earliest", "where to start: earliest, -DURATION before now (-24h) or an RFC 3339 time")
-	maxRecords := fs.Int64("max-records", 0, "stop after this many records (0: read to the end offsets seen at start)")
-	share := fs.Float64("volatile-share", audit.DefaultVolatileShare, "share of the keys seen more than once in which a field must change to be proposed as volatile")
-	maxPayload := fs.Int("max-payload-bytes", schemas.DefaultMaxPayloadBytes, "payloads larger than this are payload_too_large (with --config, the pipeline's)")
-	outputOf := outputFlag(fs, "text", "text", "json")
-	suggest := fs.String("suggest", "", "write the suggested configuration to this file")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	output, err := outputOf()
+	a, err := parseAuditArgs(e, args)
 	if err != nil {
 		return err
 	}
-	if fs.NArg() != 0 {
-		return usagef("audit takes no arguments, got %q", fs.Args())
-	}
-	if *share <= 0 || *share > 1 {
-		return usagef("--volatile-share %v: want a share above 0 and at most 1", *share)
-	}
-	if *maxRecords < 0 {
-		return usagef("--max-records %d: want 0 (no limit) or more", *maxRecords)
-	}
-	var start audit.From
-	start, err = audit.ParseFrom(*from, time.Now())
+	cfg, pc, err := a.config(e)
 	if err != nil {
-		return usagef("--from %v", err)
-	}
-	configured := cf.path != "" || e.getenv("IDEMSTREAM_CONFIG") != ""
-	if configured && (*keyFlag != "" || *format != "") {
-		return usagef("--key and --key-format come from the pipeline with --config: give one or the other")
-	}
-	if b := *brokers; b != "" {
-		cf.overrides["kafka.brokers"] = b
-	} else if b := e.getenv("IDEMSTREAM_BROKERS"); b != "" {
-		cf.overrides["kafka.brokers"] = b
-	} else if b := e.getenv("IDEMSTREAM_KAFKA_BROKERS"); b != "" {
-		cf.overrides["kafka.brokers"] = b
-	}
-
-	var cfg *schemas.Config
-	var pc schemas.Pipeline
-	if configured {
-		if cfg, err = cf.load(e); err != nil {
-			return err
-		}
-		if pc, err = pickPipeline(cfg, *pipeline); err != nil {
-			return err
-		}
-		if *topic == "" {
-			*topic = pc.Input
-		}
-		if isFlagSet(fs, "max-payload-bytes") {
-			pc.MaxPayloadBytes = *maxPayload
-		}
-	} else {
-		if *pipeline != "" {
-			return usagef("--pipeline needs --config")
-		}
-		if *topic == "" {
-			return usagef("--topic T is required (or --config with a pipeline)")
-		}
-		if cf.overrides["kafka.brokers"] == "" {
-			return usagef("--brokers B is required (or IDEMSTREAM_KAFKA_BROKERS, or --config)")
-		}
-		if cfg, pc, err = flagConfig(cf.overrides["kafka.brokers"], *topic, *keyFlag, *format, *maxPayload); err != nil {
-			return err
-		}
+		return err
 	}
 	pol, err := cfg.Policy(pc)
 	if err != nil {
 		return err
 	}
-
 	kc, err := sinks.Connect(cfg, e.getenv)
 	if err != nil {
 		return err
 	}
 	defer kc.Close()
-	src := &audit.KafkaTopic{Reader: kc, Topic: *topic, From: start, MaxRecords: *maxRecords}
+	src := &audit.KafkaTopic{Reader: kc, Topic: a.topic, From: a.start, MaxRecords: a.maxRecords}
 	if isTerminal(e.stderr) {
 		src.Progress = progressLine(e.stderr)
 	}
 	rep, err := audit.Run(ctx, src, audit.Options{
-		Policy: pol, Configured: configured, VolatileShare: *share,
+		Policy: pol, Configured: a.configured, VolatileShare: a.share,
 		ClientMaxRetryInterval: pc.ClientMaxRetryInterval.D(),
 	})
 	if src.Progress != nil {
@@ -126,22 +56,116 @@ func cmdAudit(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-
-	suggested, err := suggestConfig(cfg, pc, *topic, rep, !configured)
+	suggested, err := suggestConfig(cfg, pc, a.topic, rep, !a.configured)
 	if err != nil {
 		return fmt.Errorf("the suggested configuration: %w", err)
 	}
-	if *suggest != "" {
-		if err := os.WriteFile(*suggest, suggested, 0o644); err != nil {
+	if a.suggest != "" {
+		if err := os.WriteFile(a.suggest, suggested, 0o644); err != nil {
 			return fmt.Errorf("write --suggest: %w", err)
 		}
 	}
-	if output == "json" {
+	if a.output == "json" {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
 	return rep.WriteText(e.stdout, suggested)
+}
+
+// auditArgs are audit's flags, checked.
+type auditArgs struct {
+	fs              *flag.FlagSet
+	cf              *configFlags
+	configured      bool // a configuration file names the rules
+	pipeline, topic string
+	keyFlag, format string
+	maxRecords      int64
+	share           float64
+	maxPayload      int
+	output, suggest string
+	start           audit.From
+}
+
+func parseAuditArgs(e *env, args []string) (*auditArgs, error) {
+	a := &auditArgs{fs: newFlags(e, "audit", auditSynopsis)}
+	fs := a.fs
+	a.cf = addConfigFlags(fs)
+	fs.StringVar(&a.pipeline, "pipeline", "", "pipeline whose key rules, rules and window apply (optional when the config has one)")
+	brokers := fs.String("brokers", "", "Kafka bootstrap brokers, comma-separated (or IDEMSTREAM_BROKERS; with --config, the file's)")
+	short(fs, "b", "brokers")
+	fs.StringVar(&a.topic, "topic", "", "topic to read (with --config, the pipeline's input by default)")
+	short(fs, "t", "topic")
+	fs.StringVar(&a.keyFlag, "key", "", "where the idempotency key is: header:NAME, field:/pointer or message_key (default header:Idempotency-Key)")
+	fs.StringVar(&a.format, "key-format", "", "key format: uuid, any or regex:RE (default uuid)")
+	from := fs.String("from", "earliest", "where to start: earliest, -DURATION before now (-24h) or an RFC 3339 time")
+	fs.Int64Var(&a.maxRecords, "max-records", 0, "stop after this many records (0: read to the end offsets seen at start)")
+	fs.Float64Var(&a.share, "volatile-share", audit.DefaultVolatileShare, "share of the keys seen more than once in which a field must change to be proposed as volatile")
+	fs.IntVar(&a.maxPayload, "max-payload-bytes", schemas.DefaultMaxPayloadBytes, "payloads larger than this are payload_too_large (with --config, the pipeline's)")
+	outputOf := outputFlag(fs, "text", "text", "json")
+	fs.StringVar(&a.suggest, "suggest", "", "write the suggested configuration to this file")
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	var err error
+	if a.output, err = outputOf(); err != nil {
+		return nil, err
+	}
+	if fs.NArg() != 0 {
+		return nil, usagef("audit takes no arguments, got %q", fs.Args())
+	}
+	if a.share <= 0 || a.share > 1 {
+		return nil, usagef("--volatile-share %v: want a share above 0 and at most 1", a.share)
+	}
+	if a.maxRecords < 0 {
+		return nil, usagef("--max-records %d: want 0 (no limit) or more", a.maxRecords)
+	}
+	if a.start, err = audit.ParseFrom(*from, time.Now()); err != nil {
+		return nil, usagef("--from %v", err)
+	}
+	a.configured = a.cf.path != "" || e.getenv("IDEMSTREAM_CONFIG") != ""
+	if a.configured && (a.keyFlag != "" || a.format != "") {
+		return nil, usagef("--key and --key-format come from the pipeline with --config: give one or the other")
+	}
+	if b := *brokers; b != "" {
+		a.cf.overrides["kafka.brokers"] = b
+	} else if b := e.getenv("IDEMSTREAM_BROKERS"); b != "" {
+		a.cf.overrides["kafka.brokers"] = b
+	} else if b := e.getenv("IDEMSTREAM_KAFKA_BROKERS"); b != "" {
+		a.cf.overrides["kafka.brokers"] = b
+	}
+	return a, nil
+}
+
+// config is the configuration the audit reads under: the file's pipeline,
+// or one made of the flags.
+func (a *auditArgs) config(e *env) (*schemas.Config, schemas.Pipeline, error) {
+	if a.configured {
+		cfg, err := a.cf.load(e)
+		if err != nil {
+			return nil, schemas.Pipeline{}, err
+		}
+		pc, err := pickPipeline(cfg, a.pipeline)
+		if err != nil {
+			return nil, schemas.Pipeline{}, err
+		}
+		if a.topic == "" {
+			a.topic = pc.Input
+		}
+		if isFlagSet(a.fs, "max-payload-bytes") {
+			pc.MaxPayloadBytes = a.maxPayload
+		}
+		return cfg, pc, nil
+	}
+	switch {
+	case a.pipeline != "":
+		return nil, schemas.Pipeline{}, usagef("--pipeline needs --config")
+	case a.topic == "":
+		return nil, schemas.Pipeline{}, usagef("--topic T is required (or --config with a pipeline)")
+	case a.cf.overrides["kafka.brokers"] == "":
+		return nil, schemas.Pipeline{}, usagef("--brokers B is required (or IDEMSTREAM_KAFKA_BROKERS, or --config)")
+	}
+	return flagConfig(a.cf.overrides["kafka.brokers"], a.topic, a.keyFlag, a.format, a.maxPayload)
 }
 
 func isFlagSet(fs *flag.FlagSet, name string) bool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -21,31 +22,9 @@ import (
 // lets requests in hand finish (each bounded by upstream_timeout) and
 // exits.
 func cmdProxy(ctx context.Context, e *env, args []string) (err error) {
-	fs := newFlags(e, "proxy", "-c FILE [--listen ADDR] [--upstream URL] [--redis-url URL] [--log-format json|text] [--log-level L]")
-	cf := addConfigFlags(fs, "store.", "metrics.")
-	listen := fs.String("listen", "", "listen address of the proxy, instead of http.listen")
-	upstream := fs.String("upstream", "", "URL of the upstream, instead of http.upstream")
-	logFormat := fs.String("log-format", "json", "json or text")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	log, err := newLogger(e, *logFormat, *logLevel)
+	cfg, log, err := proxyConfig(e, args)
 	if err != nil {
 		return err
-	}
-	cfg, err := cf.load(e)
-	if err != nil {
-		return err
-	}
-	if cfg.HTTP == nil {
-		return &schemas.FieldError{Field: "http", Msg: "the proxy needs an http section with its routes (docs/http.md)"}
-	}
-	if *listen != "" {
-		cfg.HTTP.Listen = *listen
-	}
-	if *upstream != "" {
-		cfg.HTTP.Upstream = *upstream
 	}
 	raw, closeStore, err := consumer.OpenStore(cfg, e.getenv)
 	if err != nil {
@@ -101,20 +80,7 @@ func cmdProxy(ctx context.Context, e *env, args []string) (err error) {
 			served <- nil
 		}()
 	}
-	checkCtx, stopCheck := context.WithCancel(ctx)
-	checkErr := make(chan error, 1)
-	go func() { checkErr <- checkStore(checkCtx, cfg, raw, &checked, log.Warn) }()
-	checkDone := false
-	select {
-	case <-ctx.Done():
-	case err = <-checkErr:
-		checkDone = true
-	case err = <-served:
-	}
-	stopCheck()
-	if !checkDone {
-		<-checkErr // stopped by stopCheck: it runs no longer
-	}
+	err = checkUntilDone(ctx, cfg, raw, &checked, log, served)
 	// Not ready from now on; the requests in hand finish: the longest is
 	// a wait for a key held elsewhere, then the upstream call, then
 	// keeping its answer. The store closes after them (deferred).
@@ -123,6 +89,58 @@ func cmdProxy(ctx context.Context, e *env, args []string) (err error) {
 	defer cancel()
 	err = errors.Join(err, front.Shutdown(shutdown), metricsSrv.Shutdown(shutdown))
 	log.Info("stopped")
+	return err
+}
+
+// proxyConfig parses the proxy's flags and loads its configuration, which
+// must have an http section.
+func proxyConfig(e *env, args []string) (*schemas.Config, *slog.Logger, error) {
+	fs := newFlags(e, "proxy", "-c FILE [--listen ADDR] [--upstream URL] [--redis-url URL] [--log-format json|text] [--log-level L]")
+	cf := addConfigFlags(fs, "store.", "metrics.")
+	listen := fs.String("listen", "", "listen address of the proxy, instead of http.listen")
+	upstream := fs.String("upstream", "", "URL of the upstream, instead of http.upstream")
+	logFormat := fs.String("log-format", "json", "json or text")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		return nil, nil, err
+	}
+	log, err := newLogger(e, *logFormat, *logLevel)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg, err := cf.load(e)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.HTTP == nil {
+		return nil, nil, &schemas.FieldError{Field: "http", Msg: "the proxy needs an http section with its routes (docs/http.md)"}
+	}
+	if *listen != "" {
+		cfg.HTTP.Listen = *listen
+	}
+	if *upstream != "" {
+		cfg.HTTP.Upstream = *upstream
+	}
+	return cfg, log, nil
+}
+
+// checkUntilDone checks the store's settings (checkStore, which reports
+// not ready until they pass) until ctx ends, the check fails for good, or
+// a server stops serving, and returns why it stopped.
+func checkUntilDone(ctx context.Context, cfg *schemas.Config, raw dedupe.Store, checked *checkState, log *slog.Logger, served <-chan error) error {
+	checkCtx, stopCheck := context.WithCancel(ctx)
+	defer stopCheck()
+	checkErr := make(chan error, 1)
+	go func() { checkErr <- checkStore(checkCtx, cfg, raw, checked, log.Warn) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-checkErr:
+		return err
+	case err = <-served:
+	}
+	stopCheck()
+	<-checkErr // stopped by stopCheck: it runs no longer
 	return err
 }
 

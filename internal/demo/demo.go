@@ -209,127 +209,21 @@ func Run(ctx context.Context, opts Options) (*Figures, error) {
 		return nil, fmt.Errorf("start the embedded broker: %w", err)
 	}
 	defer cluster.Close()
-	brokers := cluster.ListenAddrs()
 	// A transport of its own, closed on return: the demo leaves no
 	// connection or goroutine behind.
 	transport := &kafka.Transport{}
 	defer transport.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: transport}
-	io := sinks.NewKafka(client)
-	store := memstore.New()
-	reg := prometheus.NewRegistry()
-	metrics, err := consumer.NewMetrics(reg, "demo")
-	if err != nil {
+	client := &kafka.Client{Addr: kafka.TCP(cluster.ListenAddrs()...), Timeout: 10 * time.Second, Transport: transport}
+	c := &campaign{opts: opts, gen: gen, io: sinks.NewKafka(client), reg: prometheus.NewRegistry(), desks: map[string]*desk{}}
+	if err := c.build(ctx, cfg, cluster.ListenAddrs(), w.Stock, avro); err != nil {
 		return nil, err
 	}
-	desks := map[string]*desk{}
-	var members []*consumer.Pipeline
-	for _, pc := range cfg.Pipelines {
-		pol, err := cfg.Policy(pc)
-		if err != nil {
-			return nil, err
-		}
-		d, err := dedupe.NewDecider(pol, store)
-		if err != nil {
-			return nil, err
-		}
-		desks[pc.Name] = &desk{stock: w.Stock, issued: map[string]int{}}
-		if avro != nil {
-			if desks[pc.Name].read, err = avro.reader(ctx, cfg); err != nil {
-				return nil, err
-			}
-		}
-		for range opts.Members {
-			p, err := consumer.New(consumer.Config{
-				Name: pc.Name, Input: pc.Input, Output: pc.Output, DLQ: pc.DLQ,
-				Group: "demo." + pc.Name, Brokers: brokers, Decider: d, Store: store, Broker: io,
-				Handler: desks[pc.Name], Metrics: metrics, Instance: "demo", MaxWait: 50 * time.Millisecond,
-				SettleWait: 100 * time.Millisecond,
-			})
-			if err != nil {
-				return nil, err
-			}
-			members = append(members, p)
-		}
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	errs := make(chan error, len(members))
-	for _, m := range members {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := m.Run(runCtx); err != nil {
-				errs <- err
-			}
-		}()
-	}
-	defer func() {
-		stop()
-		wg.Wait()
-	}()
-
-	decided := func(pipeline string) int {
-		n := 0
-		for _, o := range dedupe.Outcomes {
-			n += recordsOf(reg, pipeline, o)
-		}
-		return n
-	}
-	wait := func(target int) error {
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			a, b := decided("naive"), decided("idemstream")
-			if opts.Progress != nil {
-				fmt.Fprintf(opts.Progress, "\rdeciding: naive %4d/%d   idemstream %4d/%d", a, len(gen.Originals)+len(gen.Later), b, len(gen.Originals)+len(gen.Later))
-			}
-			if a >= target && b >= target {
-				return nil
-			}
-			select {
-			case err := <-errs:
-				return err
-			case <-ctx.Done():
-				return fmt.Errorf("demo did not finish in %v: %d and %d of %d records decided", opts.Timeout, a, b, target)
-			case <-tick.C:
-			}
-		}
-	}
-	// The campaign opens: every user claims once. Retries, second
-	// thoughts and garbage follow while those are being handled.
-	if err := send(ctx, io, cfg.Pipelines[0].Input, gen.Originals); err != nil {
+	defer c.start(ctx)()
+	if err := c.play(ctx, cfg.Pipelines[0].Input); err != nil {
 		return nil, err
 	}
-	if err := wait(len(gen.Originals)); err != nil {
-		return nil, err
-	}
-	if err := send(ctx, io, cfg.Pipelines[0].Input, gen.Later); err != nil {
-		return nil, err
-	}
-	if err := wait(len(gen.Originals) + len(gen.Later)); err != nil {
-		return nil, err
-	}
-	if opts.Progress != nil {
-		fmt.Fprintln(opts.Progress)
-	}
-
-	f := &Figures{
-		Payload:  opts.Payload,
-		Commands: len(gen.Originals) + len(gen.Later), Users: w.Users, Stock: w.Stock,
-		Injected: map[string]int{"volatile_only_retries": gen.Retries, "conflicts": gen.Conflicts, "garbage": gen.Garbage},
-	}
-	for name, into := range map[string]*Pipeline{"naive": &f.Naive, "idemstream": &f.Idemstream} {
-		count := func(o dedupe.OutcomeKind) int {
-			return recordsOf(reg, name, o)
-		}
-		*into = Pipeline{Results: count(dedupe.OutcomeFirst), Replays: count(dedupe.OutcomeReplay),
-			Conflicts: count(dedupe.OutcomeConflict), Invalid: count(dedupe.OutcomeInvalid), Failed: count(dedupe.OutcomeFailed)}
-		into.Issued, into.ExtraCoupons = desks[name].damage()
-		into.StockLeft = w.Stock - into.Issued
-		into.MoneyLost = into.ExtraCoupons * CouponValue
-	}
-	if f.DeadLetters, err = examples(ctx, io, cfg.Pipelines[1].DLQ); err != nil {
+	f := c.figures(w)
+	if f.DeadLetters, err = examples(ctx, c.io, cfg.Pipelines[1].DLQ); err != nil {
 		return nil, err
 	}
 	if f.Audit, err = auditTopic(ctx, client, cfg, cfg.Pipelines[1]); err != nil {
@@ -337,6 +231,152 @@ func Run(ctx context.Context, opts Options) (*Figures, error) {
 	}
 	f.ElapsedMilli = time.Since(started).Milliseconds()
 	return f, nil
+}
+
+// campaign is one replay of the campaign on the embedded broker: its
+// pipelines' members, the coupon desks behind them, and the metrics their
+// figures are read from.
+type campaign struct {
+	opts    Options
+	gen     Generated
+	io      *sinks.Kafka
+	reg     *prometheus.Registry
+	desks   map[string]*desk // by pipeline
+	members []*consumer.Pipeline
+	errs    chan error // a member's Run that ended with an error
+}
+
+// build makes opts.Members members of each pipeline of cfg, each
+// pipeline's members sharing one desk and one store.
+func (c *campaign) build(ctx context.Context, cfg *schemas.Config, brokers []string, stock int, avro *avroCampaign) error {
+	store := memstore.New()
+	metrics, err := consumer.NewMetrics(c.reg, "demo")
+	if err != nil {
+		return err
+	}
+	for _, pc := range cfg.Pipelines {
+		pol, err := cfg.Policy(pc)
+		if err != nil {
+			return err
+		}
+		d, err := dedupe.NewDecider(pol, store)
+		if err != nil {
+			return err
+		}
+		c.desks[pc.Name] = &desk{stock: stock, issued: map[string]int{}}
+		if avro != nil {
+			if c.desks[pc.Name].read, err = avro.reader(ctx, cfg); err != nil {
+				return err
+			}
+		}
+		for range c.opts.Members {
+			p, err := consumer.New(consumer.Config{
+				Name: pc.Name, Input: pc.Input, Output: pc.Output, DLQ: pc.DLQ,
+				Group: "demo." + pc.Name, Brokers: brokers, Decider: d, Store: store, Broker: c.io,
+				Handler: c.desks[pc.Name], Metrics: metrics, Instance: "demo", MaxWait: 50 * time.Millisecond,
+				SettleWait: 100 * time.Millisecond,
+			})
+			if err != nil {
+				return err
+			}
+			c.members = append(c.members, p)
+		}
+	}
+	return nil
+}
+
+// start runs every member until the returned stop is called, which
+// returns once they have all ended.
+func (c *campaign) start(ctx context.Context) (stop func()) {
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	c.errs = make(chan error, len(c.members))
+	for _, m := range c.members {
+		wg.Go(func() {
+			if err := m.Run(runCtx); err != nil {
+				c.errs <- err
+			}
+		})
+	}
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// play opens the campaign: every user claims once; retries, second
+// thoughts and garbage follow while those are being handled.
+func (c *campaign) play(ctx context.Context, input string) error {
+	if err := send(ctx, c.io, input, c.gen.Originals); err != nil {
+		return err
+	}
+	if err := c.waitFor(ctx, len(c.gen.Originals)); err != nil {
+		return err
+	}
+	if err := send(ctx, c.io, input, c.gen.Later); err != nil {
+		return err
+	}
+	if err := c.waitFor(ctx, len(c.gen.Originals)+len(c.gen.Later)); err != nil {
+		return err
+	}
+	if c.opts.Progress != nil {
+		fmt.Fprintln(c.opts.Progress)
+	}
+	return nil
+}
+
+// decided is how many records pipeline has decided so far.
+func (c *campaign) decided(pipeline string) int {
+	n := 0
+	for _, o := range dedupe.Outcomes {
+		n += recordsOf(c.reg, pipeline, o)
+	}
+	return n
+}
+
+// waitFor polls until both pipelines have decided target records, a
+// member fails, or ctx ends.
+func (c *campaign) waitFor(ctx context.Context, target int) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	all := len(c.gen.Originals) + len(c.gen.Later)
+	for {
+		a, b := c.decided("naive"), c.decided("idemstream")
+		if c.opts.Progress != nil {
+			fmt.Fprintf(c.opts.Progress, "\rdeciding: naive %4d/%d   idemstream %4d/%d", a, all, b, all)
+		}
+		if a >= target && b >= target {
+			return nil
+		}
+		select {
+		case err := <-c.errs:
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("demo did not finish in %v: %d and %d of %d records decided", c.opts.Timeout, a, b, target)
+		case <-tick.C:
+		}
+	}
+}
+
+// figures are the campaign's outcome in each pipeline, from the metrics
+// and the desks.
+func (c *campaign) figures(w Workload) *Figures {
+	f := &Figures{
+		Payload:  c.opts.Payload,
+		Commands: len(c.gen.Originals) + len(c.gen.Later), Users: w.Users, Stock: w.Stock,
+		Injected: map[string]int{"volatile_only_retries": c.gen.Retries, "conflicts": c.gen.Conflicts, "garbage": c.gen.Garbage},
+	}
+	for name, into := range map[string]*Pipeline{"naive": &f.Naive, "idemstream": &f.Idemstream} {
+		count := func(o dedupe.OutcomeKind) int {
+			return recordsOf(c.reg, name, o)
+		}
+		*into = Pipeline{Results: count(dedupe.OutcomeFirst), Replays: count(dedupe.OutcomeReplay),
+			Conflicts: count(dedupe.OutcomeConflict), Invalid: count(dedupe.OutcomeInvalid), Failed: count(dedupe.OutcomeFailed)}
+		into.Issued, into.ExtraCoupons = c.desks[name].damage()
+		into.StockLeft = w.Stock - into.Issued
+		into.MoneyLost = into.ExtraCoupons * CouponValue
+	}
+	return f
 }
 
 // auditTopic audits the command topic with the key rules of p and no
