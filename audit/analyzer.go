@@ -366,6 +366,31 @@ func (a *analyzer) under(id uint32, arrays []uint32) bool {
 // the array was reordered: it notes the reorder and what differs inside
 // the paired elements, and returns true. Otherwise the positions stand.
 func (a *analyzer) matchElements(ks *keyState, id uint32, s summary) bool {
+	elems := a.elements(id)
+	sElems := a.firstCopyElements(id, s)
+	if len(elems) < 2 || len(sElems) < 2 {
+		return false
+	}
+	pair, identity, best := a.pairElements(elems, sElems, s)
+	if best <= identity {
+		return false
+	}
+	nodes := a.walker.nodes
+	a.note(ks, a.paths.info[id].gen|genReorder, "")
+	for i, e := range elems {
+		j := pair[i]
+		if j < 0 {
+			a.note(ks, a.paths.info[nodes[e].id].gen, exampleText(a.canonB[nodes[e].start:nodes[e].end]))
+			continue
+		}
+		a.diffElement(ks, e, sElems[j], s)
+	}
+	return true
+}
+
+// elements are the node indexes of the elements of the array at id in
+// the payload just walked, in order; none when it has no such array.
+func (a *analyzer) elements(id uint32) []int {
 	nodes := a.walker.nodes
 	arr := -1
 	for i, n := range nodes {
@@ -375,16 +400,22 @@ func (a *analyzer) matchElements(ks *keyState, id uint32, s summary) bool {
 		}
 	}
 	if arr < 0 {
-		return false
+		return nil
 	}
-	var elems []int // node indexes of the elements, in order
+	var elems []int
 	for i := arr + 1; i < len(nodes) && nodes[i].start < nodes[arr].end; i++ {
 		if nodes[i].parent == int32(arr) {
 			elems = append(elems, i)
 		}
 	}
+	return elems
+}
+
+// firstCopyElements are the pointers of the elements of the array at id
+// in the first copy (s).
+func (a *analyzer) firstCopyElements(id uint32, s summary) []string {
 	base := a.paths.info[id].ptr
-	var sElems []string // pointers of the first copy's elements
+	var sElems []string
 	for j := 0; ; j++ {
 		ptr := base + "/" + strconv.Itoa(j)
 		eid, ok := a.paths.ids[ptr]
@@ -396,42 +427,27 @@ func (a *analyzer) matchElements(ks *keyState, id uint32, s summary) bool {
 		}
 		sElems = append(sElems, ptr)
 	}
-	if len(elems) < 2 || len(sElems) < 2 {
-		return false
-	}
-	// similarity counts the values of T's element i equal at the same
-	// place in S's element j.
-	similarity := func(i, j int) int {
-		e := elems[i]
-		prefix := a.paths.info[nodes[e].id].ptr
-		n := 0
-		for k := e; k < len(nodes) && nodes[k].start < nodes[e].end; k++ {
-			if nodes[k].kind() != kindScalar || nodes[k].id == noPath {
-				continue
-			}
-			sid, ok := a.paths.ids[sElems[j]+a.paths.info[nodes[k].id].ptr[len(prefix):]]
-			if !ok {
-				continue
-			}
-			if h, ok := s.find(sid); ok && h == nodes[k].hash {
-				n++
-			}
-		}
-		return n
-	}
-	pair := make([]int, len(elems))
+	return sElems
+}
+
+// pairElements pairs each element (a node index) with the first copy's
+// element (sElems, pointers) it shares most values with, greedily in
+// order, its own position first among equals. pair[i] is elems[i]'s
+// partner in sElems, -1 for none; identity is the values shared by
+// position, best by the pairing.
+func (a *analyzer) pairElements(elems []int, sElems []string, s summary) (pair []int, identity, best int) {
+	pair = make([]int, len(elems))
 	used := make([]bool, len(sElems))
-	identity, best := 0, 0
-	for i := range elems {
+	for i, e := range elems {
 		if i < len(sElems) {
-			identity += similarity(i, i)
+			identity += a.similarity(e, sElems[i], s)
 		}
 		pick, score := -1, -1
 		for j := range sElems {
 			if used[j] {
 				continue
 			}
-			sc := similarity(i, j)
+			sc := a.similarity(e, sElems[j], s)
 			if sc > score || (sc == score && j == i) {
 				pick, score = j, sc
 			}
@@ -442,19 +458,28 @@ func (a *analyzer) matchElements(ks *keyState, id uint32, s summary) bool {
 			best += score
 		}
 	}
-	if best <= identity {
-		return false
-	}
-	a.note(ks, a.paths.info[id].gen|genReorder, "")
-	for i, e := range elems {
-		j := pair[i]
-		if j < 0 {
-			a.note(ks, a.paths.info[nodes[e].id].gen, exampleText(a.canonB[nodes[e].start:nodes[e].end]))
+	return pair, identity, best
+}
+
+// similarity counts the values of the element at node e equal at the same
+// place in the first copy's element at sElem.
+func (a *analyzer) similarity(e int, sElem string, s summary) int {
+	nodes := a.walker.nodes
+	prefix := a.paths.info[nodes[e].id].ptr
+	n := 0
+	for k := e; k < len(nodes) && nodes[k].start < nodes[e].end; k++ {
+		if nodes[k].kind() != kindScalar || nodes[k].id == noPath {
 			continue
 		}
-		a.diffElement(ks, e, sElems[j], s)
+		sid, ok := a.paths.ids[sElem+a.paths.info[nodes[k].id].ptr[len(prefix):]]
+		if !ok {
+			continue
+		}
+		if h, ok := s.find(sid); ok && h == nodes[k].hash {
+			n++
+		}
 	}
-	return true
+	return n
 }
 
 // diffElement notes what differs between T's element at node e and S's

@@ -79,48 +79,7 @@ func (c *Config) applyDefaults() {
 		c.Metrics.Addr = DefaultMetricsAddr
 	}
 	for i := range c.Pipelines {
-		p := &c.Pipelines[i]
-		if p.Key.From == "" {
-			p.Key.From = string(dedupe.KeyFromHeader)
-		}
-		if p.Key.Name == "" && p.Key.From == string(dedupe.KeyFromHeader) {
-			p.Key.Name = DefaultKeyHeader
-		}
-		if p.Key.Format == "" {
-			p.Key.Format = "uuid"
-		}
-		if p.Key.MaxLength == 0 {
-			p.Key.MaxLength = DefaultKeyMaxLength
-		}
-		if p.Semantics == "" {
-			p.Semantics = string(dedupe.Strict)
-		}
-		if p.Window == 0 {
-			p.Window = Duration(dedupe.Semantics(p.Semantics).DefaultWindow())
-		}
-		if p.Clock == "" {
-			p.Clock = string(dedupe.ClockStore)
-		}
-		if p.Payload == "" {
-			p.Payload = string(dedupe.PayloadJSON)
-		}
-		if p.MaxPayloadBytes == 0 {
-			p.MaxPayloadBytes = DefaultMaxPayloadBytes
-		}
-		if p.PendingTimeout == 0 {
-			p.PendingTimeout = Duration(DefaultPendingTimeout)
-		}
-		if p.FailedTTL == 0 {
-			// The article: FAILED TTL = the window, so that a client
-			// can reuse the key once the window is over.
-			p.FailedTTL = p.Window
-		}
-		if p.ClientMaxRetryInterval == 0 {
-			p.ClientMaxRetryInterval = Duration(DefaultClientMaxRetryInterval)
-		}
-		if p.Start == "" {
-			p.Start = "earliest"
-		}
+		c.Pipelines[i].applyDefaults()
 	}
 	if h := c.HTTP; h != nil {
 		if h.Listen == "" {
@@ -130,54 +89,103 @@ func (c *Config) applyDefaults() {
 			h.UpstreamTimeout = Duration(DefaultUpstreamTimeout)
 		}
 		for i := range h.Routes {
-			r := &h.Routes[i]
-			if r.Method == "" {
-				r.Method = http.MethodPost
-			}
-			if r.Key.From == "" {
-				r.Key.From = string(dedupe.KeyFromHeader)
-			}
-			if r.Key.Name == "" {
-				r.Key.Name = DefaultKeyHeader
-			}
-			if r.Key.Format == "" {
-				r.Key.Format = "uuid"
-			}
-			if r.Key.MaxLength == 0 {
-				r.Key.MaxLength = DefaultHTTPKeyMaxLength
-			}
-			if r.KeyRequired == nil {
-				on := true
-				r.KeyRequired = &on
-			}
-			if r.Semantics == "" {
-				r.Semantics = string(dedupe.Strict)
-			}
-			if r.Window == 0 {
-				r.Window = Duration(dedupe.Semantics(r.Semantics).DefaultWindow())
-			}
-			if r.StoreResponses == nil {
-				r.StoreResponses = []string{"2xx"}
-			}
-			if r.ReplayHeaders == nil {
-				r.ReplayHeaders = []string{"Content-Type", "Location"}
-			}
-			if r.MaxPayloadBytes == 0 {
-				r.MaxPayloadBytes = DefaultMaxPayloadBytes
-			}
-			if r.PendingTimeout == 0 {
-				r.PendingTimeout = Duration(DefaultHTTPPendingTimeout)
-			}
-			if r.FailedTTL == 0 {
-				r.FailedTTL = r.Window
-			}
-			if r.RetryAfter == 0 {
-				r.RetryAfter = Duration(DefaultRetryAfter)
-			}
-			if r.ClientMaxRetryInterval == 0 {
-				r.ClientMaxRetryInterval = Duration(DefaultClientMaxRetryInterval)
-			}
+			h.Routes[i].applyDefaults()
 		}
+	}
+}
+
+// applyDefaults fills in what the pipeline leaves out.
+func (p *Pipeline) applyDefaults() {
+	if p.Key.From == "" {
+		p.Key.From = string(dedupe.KeyFromHeader)
+	}
+	if p.Key.Name == "" && p.Key.From == string(dedupe.KeyFromHeader) {
+		p.Key.Name = DefaultKeyHeader
+	}
+	if p.Key.Format == "" {
+		p.Key.Format = "uuid"
+	}
+	if p.Key.MaxLength == 0 {
+		p.Key.MaxLength = DefaultKeyMaxLength
+	}
+	if p.Semantics == "" {
+		p.Semantics = string(dedupe.Strict)
+	}
+	if p.Window == 0 {
+		p.Window = Duration(dedupe.Semantics(p.Semantics).DefaultWindow())
+	}
+	if p.Clock == "" {
+		p.Clock = string(dedupe.ClockStore)
+	}
+	if p.Payload == "" {
+		p.Payload = string(dedupe.PayloadJSON)
+	}
+	if p.MaxPayloadBytes == 0 {
+		p.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if p.PendingTimeout == 0 {
+		p.PendingTimeout = Duration(DefaultPendingTimeout)
+	}
+	if p.FailedTTL == 0 {
+		// The article: FAILED TTL = the window, so that a client
+		// can reuse the key once the window is over.
+		p.FailedTTL = p.Window
+	}
+	if p.ClientMaxRetryInterval == 0 {
+		p.ClientMaxRetryInterval = Duration(DefaultClientMaxRetryInterval)
+	}
+	if p.Start == "" {
+		p.Start = "earliest"
+	}
+}
+
+// applyDefaults fills in what the route leaves out.
+func (r *Route) applyDefaults() {
+	if r.Method == "" {
+		r.Method = http.MethodPost
+	}
+	if r.Key.From == "" {
+		r.Key.From = string(dedupe.KeyFromHeader)
+	}
+	if r.Key.Name == "" {
+		r.Key.Name = DefaultKeyHeader
+	}
+	if r.Key.Format == "" {
+		r.Key.Format = "uuid"
+	}
+	if r.Key.MaxLength == 0 {
+		r.Key.MaxLength = DefaultHTTPKeyMaxLength
+	}
+	if r.KeyRequired == nil {
+		on := true
+		r.KeyRequired = &on
+	}
+	if r.Semantics == "" {
+		r.Semantics = string(dedupe.Strict)
+	}
+	if r.Window == 0 {
+		r.Window = Duration(dedupe.Semantics(r.Semantics).DefaultWindow())
+	}
+	if r.StoreResponses == nil {
+		r.StoreResponses = []string{"2xx"}
+	}
+	if r.ReplayHeaders == nil {
+		r.ReplayHeaders = []string{"Content-Type", "Location"}
+	}
+	if r.MaxPayloadBytes == 0 {
+		r.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if r.PendingTimeout == 0 {
+		r.PendingTimeout = Duration(DefaultHTTPPendingTimeout)
+	}
+	if r.FailedTTL == 0 {
+		r.FailedTTL = r.Window
+	}
+	if r.RetryAfter == 0 {
+		r.RetryAfter = Duration(DefaultRetryAfter)
+	}
+	if r.ClientMaxRetryInterval == 0 {
+		r.ClientMaxRetryInterval = Duration(DefaultClientMaxRetryInterval)
 	}
 }
 

@@ -162,137 +162,168 @@ func run(ctx context.Context, o options) error {
 	// batch uncommitted.
 	work, cancelWork := context.WithCancel(context.Background())
 	defer cancelWork()
-	records := make(chan kafka.Message, o.batch)
-	batches := make(chan []kafka.Message)
-	errc := make(chan error, 4)
-
-	go func() {
-		defer close(records)
-		for {
-			m, err := r.FetchMessage(ctx)
-			if err != nil {
-				if ctx.Err() == nil {
-					errc <- fmt.Errorf("fetch: %w", err)
-				}
-				return
-			}
-			records <- m
-		}
-	}()
-	go func() {
-		defer close(batches)
-		var batch []kafka.Message
-		for {
-			var handOver chan []kafka.Message
-			if len(batch) > 0 {
-				handOver = batches
-			}
-			select {
-			case m, ok := <-records:
-				if !ok {
-					return
-				}
-				batch = append(batch, m)
-				if len(batch) == o.batch {
-					select {
-					case batches <- batch:
-					case <-work.Done():
-						return
-					}
-					batch = nil
-				}
-			case handOver <- batch:
-				batch = nil
-			}
-		}
-	}()
-	// With --overlap-commit the commit of a batch runs beside the write of
-	// the next one (commits stay in order, each after its batch's write).
-	commits := make(chan []kafka.Message, 1)
-	committed := make(chan struct{})
-	go func() {
-		defer close(committed)
-		for batch := range commits {
-			if err := r.CommitMessages(work, batch...); err != nil {
-				errc <- fmt.Errorf("commit %d records: %w", len(batch), err)
-				cancelWork()
-				return
-			}
-		}
-	}()
-	// The floor's decide stage fingerprints each record and sets the
-	// entries of a batch while the batch before is written. The plain
-	// passthrough has no such stage: it copies in the writer, so that
-	// under a trickle a batch waits for nothing but the writer.
-	forwards := make(chan forward)
-	next := func() (forward, bool) {
-		fw, ok := <-forwards
-		return fw, ok
-	}
-	if f.canon == nil {
-		next = func() (forward, bool) {
-			batch, ok := <-batches
-			return forward{out: copyOut(batch, nil), commit: batch}, ok
-		}
-	} else {
-		go func() {
-			defer close(forwards)
-			for batch := range batches {
-				out, err := f.decide(work, batch)
-				if err != nil {
-					errc <- err
-					return
-				}
-				select {
-				case forwards <- forward{out: out, commit: batch}:
-				case <-work.Done():
-					return
-				}
-			}
-		}()
+	s := &stages{o: o, f: f, r: r, w: w, work: work, cancelWork: cancelWork,
+		records: make(chan kafka.Message, o.batch), batches: make(chan []kafka.Message),
+		forwards: make(chan forward), commits: make(chan []kafka.Message, 1),
+		committed: make(chan struct{}), errc: make(chan error, 4)}
+	go s.fetch(ctx)
+	go s.batch()
+	go s.commit()
+	if f.canon != nil {
+		go s.decide()
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer func() { close(commits); <-committed }()
-		for {
-			fw, ok := next()
-			if !ok {
-				return
-			}
-			out, batch := fw.out, fw.commit
-			if err := w.WriteMessages(work, out...); err != nil {
-				errc <- fmt.Errorf("write %d records to %s: %w", len(out), o.output, err)
-				return
-			}
-			if o.overlapCommit {
-				select {
-				case commits <- batch:
-				case <-work.Done():
-					return
-				}
-				continue
-			}
-			if err := r.CommitMessages(work, batch...); err != nil {
-				errc <- fmt.Errorf("commit %d records: %w", len(batch), err)
-				return
-			}
-		}
+		s.write()
 	}()
 
 	var err error
 	select {
 	case <-done:
-	case err = <-errc:
+	case err = <-s.errc:
 	}
 	cancelWork()
 	<-done
 	select {
-	case e := <-errc:
+	case e := <-s.errc:
 		err = errors.Join(err, e)
 	default:
 	}
 	return errors.Join(err, w.Close(), r.Close())
+}
+
+// stages are the passthrough's goroutines and the channels between them:
+// fetch → records → batch → batches → (decide → forwards →) write, which
+// commits, or hands its batches to commit with --overlap-commit.
+type stages struct {
+	o          options
+	f          *floor
+	r          *kafka.Reader
+	w          *kafka.Writer
+	work       context.Context // the writer's and committer's: ends after the fetch's
+	cancelWork context.CancelFunc
+	records    chan kafka.Message
+	batches    chan []kafka.Message
+	forwards   chan forward
+	commits    chan []kafka.Message
+	committed  chan struct{} // closed when commit has ended
+	errc       chan error
+}
+
+func (s *stages) fetch(ctx context.Context) {
+	defer close(s.records)
+	for {
+		m, err := s.r.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.errc <- fmt.Errorf("fetch: %w", err)
+			}
+			return
+		}
+		s.records <- m
+	}
+}
+
+// batch hands a batch on as soon as the next stage is free or the batch
+// is full.
+func (s *stages) batch() {
+	defer close(s.batches)
+	var batch []kafka.Message
+	for {
+		var handOver chan []kafka.Message
+		if len(batch) > 0 {
+			handOver = s.batches
+		}
+		select {
+		case m, ok := <-s.records:
+			if !ok {
+				return
+			}
+			batch = append(batch, m)
+			if len(batch) == s.o.batch {
+				select {
+				case s.batches <- batch:
+				case <-s.work.Done():
+					return
+				}
+				batch = nil
+			}
+		case handOver <- batch:
+			batch = nil
+		}
+	}
+}
+
+// commit commits, with --overlap-commit, each batch beside the write of
+// the next one (commits stay in order, each after its batch's write).
+func (s *stages) commit() {
+	defer close(s.committed)
+	for batch := range s.commits {
+		if err := s.r.CommitMessages(s.work, batch...); err != nil {
+			s.errc <- fmt.Errorf("commit %d records: %w", len(batch), err)
+			s.cancelWork()
+			return
+		}
+	}
+}
+
+// decide is the floor's stage: it fingerprints each record and sets the
+// entries of a batch while the batch before is written. The plain
+// passthrough has no such stage: it copies in the writer (next), so that
+// under a trickle a batch waits for nothing but the writer.
+func (s *stages) decide() {
+	defer close(s.forwards)
+	for batch := range s.batches {
+		out, err := s.f.decide(s.work, batch)
+		if err != nil {
+			s.errc <- err
+			return
+		}
+		select {
+		case s.forwards <- forward{out: out, commit: batch}:
+		case <-s.work.Done():
+			return
+		}
+	}
+}
+
+// next is the writer's next batch.
+func (s *stages) next() (forward, bool) {
+	if s.f.canon == nil {
+		batch, ok := <-s.batches
+		return forward{out: copyOut(batch, nil), commit: batch}, ok
+	}
+	fw, ok := <-s.forwards
+	return fw, ok
+}
+
+// write writes each batch and commits it, or hands it to commit.
+func (s *stages) write() {
+	defer func() { close(s.commits); <-s.committed }()
+	for {
+		fw, ok := s.next()
+		if !ok {
+			return
+		}
+		out, batch := fw.out, fw.commit
+		if err := s.w.WriteMessages(s.work, out...); err != nil {
+			s.errc <- fmt.Errorf("write %d records to %s: %w", len(out), s.o.output, err)
+			return
+		}
+		if s.o.overlapCommit {
+			select {
+			case s.commits <- batch:
+			case <-s.work.Done():
+				return
+			}
+			continue
+		}
+		if err := s.r.CommitMessages(s.work, batch...); err != nil {
+			s.errc <- fmt.Errorf("commit %d records: %w", len(batch), err)
+			return
+		}
+	}
 }
 
 // forward is a batch as the writer gets it: the records to write, and all
