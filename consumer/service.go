@@ -4,13 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/idemstream/idemstream/internal/retry"
 	"log/slog"
 	"os"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemstream/idemstream/internal/retry"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -69,21 +71,7 @@ type Service struct {
 // connects to nothing: Run does. A setting it cannot use is a
 // *schemas.FieldError naming the field.
 func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
-	if o.Getenv == nil {
-		o.Getenv = os.Getenv
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-	if o.Version == "" {
-		o.Version = "dev"
-	}
-	if o.SettleWait <= 0 {
-		o.SettleWait = DefaultSettleWait
-	}
-	if o.SettingsRecheck <= 0 {
-		o.SettingsRecheck = time.Minute
-	}
+	o.applyDefaults()
 	for name := range o.Handlers {
 		if !slices.ContainsFunc(cfg.Pipelines, func(p schemas.Pipeline) bool { return p.Name == name }) {
 			return nil, fmt.Errorf("consumer: a handler for pipeline %q, which the configuration does not have", name)
@@ -118,36 +106,63 @@ func NewService(cfg *schemas.Config, o ServiceOptions) (*Service, error) {
 	s := &Service{log: o.Logger, store: rawStore, closeFn: closeStore, kafka: writer,
 		probe: storeProbe{store: rawStore}, settings: newSettingsCheck(cfg, rawStore, o.Logger, metrics), recheck: o.SettingsRecheck}
 	for i, pc := range cfg.Pipelines {
-		pol, err := cfg.Policy(pc)
-		if err != nil {
-			return fail(err)
-		}
-		d, err := dedupe.NewDecider(pol, store)
-		if err != nil {
-			return fail(err)
-		}
-		latest, startTime, err := pc.StartPosition()
-		if err != nil {
-			return fail(&schemas.FieldError{Field: fmt.Sprintf("pipelines[%d].start", i), Msg: err.Error()})
-		}
-		p, err := New(Config{
-			Start:    StartAt{Latest: latest, Time: startTime},
-			Identity: identityOf(cfg, pc), AcceptIdentity: pc.AcceptIdentity,
-			Name: pc.Name, Input: pc.Input, Output: pc.Output, DLQ: pc.DLQ, Replies: pc.Replies,
-			Group: cfg.ConsumerGroup(pc), Brokers: cfg.Kafka.Brokers, Dialer: dialer,
-			InstanceID: cfg.Kafka.InstanceID, LeaveOnStop: cfg.Kafka.LeaveOnStop, Assignor: cfg.Kafka.Assignor,
-			Decider: d, Store: store, Broker: io, Handler: o.Handlers[pc.Name], Metrics: metrics, Logger: o.Logger,
-			SettleWait: o.SettleWait, DrainTimeout: o.DrainTimeout, BatchSize: o.BatchSize,
-		})
-		if errors.Is(err, errLeaseTooShort) {
-			return fail(&schemas.FieldError{Field: fmt.Sprintf("pipelines[%d].pending_timeout", i), Msg: err.Error()})
-		}
+		p, err := newServicePipeline(cfg, i, pc, o, store, io, dialer, metrics)
 		if err != nil {
 			return fail(err)
 		}
 		s.pipelines = append(s.pipelines, p)
 	}
 	return s, nil
+}
+
+// applyDefaults fills in what the options leave out.
+func (o *ServiceOptions) applyDefaults() {
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Version == "" {
+		o.Version = "dev"
+	}
+	if o.SettleWait <= 0 {
+		o.SettleWait = DefaultSettleWait
+	}
+	if o.SettingsRecheck <= 0 {
+		o.SettingsRecheck = time.Minute
+	}
+}
+
+// newServicePipeline builds pipeline i of cfg, pc, on the service's store,
+// broker and metrics.
+func newServicePipeline(cfg *schemas.Config, i int, pc schemas.Pipeline, o ServiceOptions, store dedupe.Store, io Broker,
+	dialer *kafka.Dialer, metrics *Metrics) (*Pipeline, error) {
+	pol, err := cfg.Policy(pc)
+	if err != nil {
+		return nil, err
+	}
+	d, err := dedupe.NewDecider(pol, store)
+	if err != nil {
+		return nil, err
+	}
+	latest, startTime, err := pc.StartPosition()
+	if err != nil {
+		return nil, &schemas.FieldError{Field: fmt.Sprintf("pipelines[%d].start", i), Msg: err.Error()}
+	}
+	p, err := New(Config{
+		Start:    StartAt{Latest: latest, Time: startTime},
+		Identity: identityOf(cfg, pc), AcceptIdentity: pc.AcceptIdentity,
+		Name: pc.Name, Input: pc.Input, Output: pc.Output, DLQ: pc.DLQ, Replies: pc.Replies,
+		Group: cfg.ConsumerGroup(pc), Brokers: cfg.Kafka.Brokers, Dialer: dialer,
+		InstanceID: cfg.Kafka.InstanceID, LeaveOnStop: cfg.Kafka.LeaveOnStop, Assignor: cfg.Kafka.Assignor,
+		Decider: d, Store: store, Broker: io, Handler: o.Handlers[pc.Name], Metrics: metrics, Logger: o.Logger,
+		SettleWait: o.SettleWait, DrainTimeout: o.DrainTimeout, BatchSize: o.BatchSize,
+	})
+	if errors.Is(err, errLeaseTooShort) {
+		return nil, &schemas.FieldError{Field: fmt.Sprintf("pipelines[%d].pending_timeout", i), Msg: err.Error()}
+	}
+	return p, err
 }
 
 // identityOf is the pipeline's identity, checked against its output's

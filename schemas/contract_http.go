@@ -105,6 +105,57 @@ Answers: {{.Stored}}, with the headers {{code .ReplayHeaders}}. {{.Failed}} {{.U
 Rules digest: ` + "`{{.RulesDigest}}`" + `.
 {{end}}`))
 
+// openAPIOperation is route r's OpenAPI operation: its key header and
+// path parameters, every answer the front door gives, the promise under
+// x-idempotency.
+func openAPIOperation(r contractRoute) yamlMap {
+	type m = yamlMap
+	key := m{"type": "string", "maxLength": r.Key.MaxLength}
+	if r.Key.Format == "uuid" {
+		key["format"] = "uuid"
+	}
+	params := []m{{"name": r.Key.Name, "in": "header", "required": r.Required, "schema": key,
+		"description": "Idempotency key (IETF draft \"The Idempotency-Key HTTP Header Field\"): " + r.KeyFormat}}
+	for _, seg := range strings.Split(r.Path, "/") {
+		if strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") {
+			name := strings.TrimSuffix(strings.TrimSuffix(seg[1:len(seg)-1], "..."), "$")
+			if name != "" {
+				params = append(params, m{"name": name, "in": "path", "required": true, "schema": m{"type": "string"}})
+			}
+		}
+	}
+	return m{
+		"operationId": r.Name,
+		"parameters":  params,
+		"responses": m{
+			"400": problemAnswer("no key, a malformed key, or a body that is not JSON", false),
+			"409": problemAnswer("a request with this key is still in progress", true),
+			"413": problemAnswer(fmt.Sprintf("a body over %d bytes", r.MaxPayloadBytes), false),
+			"422": problemAnswer("the key was first sent with another body: conflict_paths names where", false),
+			"502": problemAnswer("the service could not be reached (UPSTREAM_UNREACHABLE), its answer was too large to keep (ANSWER_TOO_LARGE), or the first request was interrupted (IDEMPOTENCY_OUTCOME_UNKNOWN)", false),
+			"503": problemAnswer("the idempotency store did not answer; the request was not passed on", true),
+			"504": problemAnswer("the first request's outcome is unknown (IDEMPOTENCY_OUTCOME_UNKNOWN)", false),
+		},
+		"x-idempotency": m{
+			"semantics": r.Semantics, "sameKeySameBody": r.SameBody, "sameKeyNewBody": r.OtherBody,
+			"window": r.Window.String(), "volatile": nonNil(r.Volatile), "volatileHeaders": nonNil(r.VolatileHeaders),
+			"unordered": nonNil(r.Unordered), "storedAnswers": r.StoreResponses, "replayHeaders": r.ReplayHeaders,
+			"failedTTL": r.FailedTTL.String(), "pending": r.Pending, "unknownOutcome": r.Unknown, "rulesDigest": r.RulesDigest,
+		},
+	}
+}
+
+// problemAnswer is an answer with an RFC 9457 problem body, and a
+// Retry-After header when the client should wait.
+func problemAnswer(desc string, retryAfter bool) yamlMap {
+	type m = yamlMap
+	resp := m{"description": desc, "content": m{"application/problem+json": m{"schema": m{"$ref": "#/components/schemas/IdempotencyProblem"}}}}
+	if retryAfter {
+		resp["headers"] = m{"Retry-After": m{"description": "seconds to wait before retrying with the same key and body", "schema": m{"type": "integer"}}}
+	}
+	return resp
+}
+
 func describeRoutes(cfg *Config) ([]contractRoute, error) {
 	if cfg.HTTP == nil {
 		return nil, nil
@@ -144,56 +195,16 @@ func ContractOpenAPI(cfg *Config) ([]byte, error) {
 	if len(routes) == 0 {
 		return nil, &FieldError{Field: "http.routes", Msg: "the OpenAPI contract covers HTTP routes, and the file has none"}
 	}
-	type m = map[string]any
-	problem := func(desc string, retryAfter bool) m {
-		resp := m{"description": desc, "content": m{"application/problem+json": m{"schema": m{"$ref": "#/components/schemas/IdempotencyProblem"}}}}
-		if retryAfter {
-			resp["headers"] = m{"Retry-After": m{"description": "seconds to wait before retrying with the same key and body", "schema": m{"type": "integer"}}}
-		}
-		return resp
-	}
-	paths := m{}
+	paths := yamlMap{}
 	for _, r := range routes {
-		key := m{"type": "string", "maxLength": r.Key.MaxLength}
-		if r.Key.Format == "uuid" {
-			key["format"] = "uuid"
-		}
-		params := []m{{"name": r.Key.Name, "in": "header", "required": r.Required, "schema": key,
-			"description": "Idempotency key (IETF draft \"The Idempotency-Key HTTP Header Field\"): " + r.KeyFormat}}
-		for _, seg := range strings.Split(r.Path, "/") {
-			if strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") {
-				name := strings.TrimSuffix(strings.TrimSuffix(seg[1:len(seg)-1], "..."), "$")
-				if name != "" {
-					params = append(params, m{"name": name, "in": "path", "required": true, "schema": m{"type": "string"}})
-				}
-			}
-		}
-		op := m{
-			"operationId": r.Name,
-			"parameters":  params,
-			"responses": m{
-				"400": problem("no key, a malformed key, or a body that is not JSON", false),
-				"409": problem("a request with this key is still in progress", true),
-				"413": problem(fmt.Sprintf("a body over %d bytes", r.MaxPayloadBytes), false),
-				"422": problem("the key was first sent with another body: conflict_paths names where", false),
-				"502": problem("the service could not be reached (UPSTREAM_UNREACHABLE), its answer was too large to keep (ANSWER_TOO_LARGE), or the first request was interrupted (IDEMPOTENCY_OUTCOME_UNKNOWN)", false),
-				"503": problem("the idempotency store did not answer; the request was not passed on", true),
-				"504": problem("the first request's outcome is unknown (IDEMPOTENCY_OUTCOME_UNKNOWN)", false),
-			},
-			"x-idempotency": m{
-				"semantics": r.Semantics, "sameKeySameBody": r.SameBody, "sameKeyNewBody": r.OtherBody,
-				"window": r.Window.String(), "volatile": nonNil(r.Volatile), "volatileHeaders": nonNil(r.VolatileHeaders),
-				"unordered": nonNil(r.Unordered), "storedAnswers": r.StoreResponses, "replayHeaders": r.ReplayHeaders,
-				"failedTTL": r.FailedTTL.String(), "pending": r.Pending, "unknownOutcome": r.Unknown, "rulesDigest": r.RulesDigest,
-			},
-		}
-		item, _ := paths[r.Path].(m)
+		item, _ := paths[r.Path].(yamlMap)
 		if item == nil {
-			item = m{}
+			item = yamlMap{}
 			paths[r.Path] = item
 		}
-		item[strings.ToLower(r.Method)] = op
+		item[strings.ToLower(r.Method)] = openAPIOperation(r)
 	}
+	type m = yamlMap
 	doc := m{
 		"openapi": "3.1.0",
 		"info": m{"title": "idemstream idempotency contract", "version": "1.0.0",

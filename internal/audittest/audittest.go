@@ -62,11 +62,6 @@ func uuidOf(i int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", 
 func Plant(topic string, partitions int) Planted {
 	// Recent times: a real broker's retention would delete older records.
 	t0 := time.Now().Add(-4 * time.Hour).Truncate(time.Second)
-	type rec struct {
-		at   time.Time
-		key  string // "" for none
-		body []byte
-	}
 	var recs []rec
 	enc := func(c command) []byte { b, _ := json.Marshal(c); return b }
 	clock := func(t time.Time) string { return t.Format(time.RFC3339Nano) }
@@ -121,8 +116,25 @@ func Plant(topic string, partitions int) Planted {
 	}
 	recs = append(recs, rec{garbageAt, uuidOf(600), []byte(`{"pad":"` + strings.Repeat("x", 5000) + `"}`)})
 
+	p.Records = place(topic, partitions, recs)
+	p.Records0 = int64(len(recs))
+	p.expect()
+	return p
+}
+
+// rec is a planted record before it is placed.
+type rec struct {
+	at   time.Time
+	key  string // "" for none
+	body []byte
+}
+
+// place puts recs on the topic's partitions in time order: a keyed record
+// by the key's last byte, the others round the partitions.
+func place(topic string, partitions int, recs []rec) []dedupe.Record {
 	slices.SortStableFunc(recs, func(a, b rec) int { return a.at.Compare(b.at) })
 	next := make([]int64, partitions)
+	var out []dedupe.Record
 	for i, r := range recs {
 		part := i % partitions
 		if r.key != "" {
@@ -132,11 +144,14 @@ func Plant(topic string, partitions int) Planted {
 		if r.key != "" {
 			hs = []dedupe.Header{{Key: "Idempotency-Key", Value: []byte(r.key)}}
 		}
-		p.Records = append(p.Records, dedupe.Record{Topic: topic, Partition: part, Offset: next[part], Value: r.body, Headers: hs, Time: r.at})
+		out = append(out, dedupe.Record{Topic: topic, Partition: part, Offset: next[part], Value: r.body, Headers: hs, Time: r.at})
 		next[part]++
 	}
+	return out
+}
 
-	p.Records0 = int64(len(recs))
+// expect fills in what an audit of the planted records must find.
+func (p *Planted) expect() {
 	p.Keys, p.Multi = 200, 172
 	p.Copies1, p.Copies2, p.Copies3 = 28, 54+10+2, 106
 	p.RetriedKeys = 160 + 10
@@ -147,7 +162,6 @@ func Plant(topic string, partitions int) Planted {
 	// The raw rule takes malformed JSON as bytes like any other.
 	p.RawBody = audit.Counts{First: 531 + 4, Invalid: 6}
 	p.KeyOnly = audit.Counts{First: 206, Replay: 329, Invalid: 6, Mismatch: 329}
-	return p
 }
 
 // Policy is the key rule of the planted topic: the Idempotency-Key
