@@ -166,9 +166,9 @@ func startSentinelFailover(t *testing.T) *sentinelFailover {
 	f := &sentinelFailover{}
 	// The old master comes back empty (no persistence) and rejoins as a
 	// replica: with replica-priority 0 no Sentinel ever promotes it. A
-	// Sentinel that takes the promoted master for down (a second of load
-	// is enough with down-after 1 s) would otherwise promote the empty
-	// node and have the master resync from it (docs/operations.md).
+	// Sentinel that takes the promoted master for down (three seconds of
+	// load are enough with down-after 3 s) would otherwise promote the
+	// empty node and have the master resync from it (docs/operations.md).
 	f.master = testenv.StartRedis(t, testenv.RedisConfig{Args: []string{"--replica-priority", "0"}})
 	f.proxy = testenv.StartReplicationProxy(t, f.master.Addr)
 	// Sentinel sets a replica's replicaof to the address it monitors:

@@ -127,8 +127,10 @@ func readReply(r *bufio.Reader) (string, error) {
 
 // StartRedisSentinels starts n Sentinels that monitor master (host:port)
 // as "mymaster" with the given quorum, and fail it over quickly: down
-// after one second. It returns their addresses; they stop when the test
-// ends.
+// after three seconds. (One second was quicker, and a test machine busy
+// with other suites stalled the promoted master that long now and then:
+// the Sentinels failed it over in turn.) It returns their addresses; they
+// stop when the test ends.
 func StartRedisSentinels(t testing.TB, master string, n, quorum int) []string {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
@@ -146,7 +148,7 @@ func StartRedisSentinels(t testing.TB, master string, n, quorum int) []string {
 		conf := filepath.Join(dir, "sentinel.conf")
 		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
 			"sentinel monitor mymaster %s %s %d\n"+
-			"sentinel down-after-milliseconds mymaster 1000\n"+
+			"sentinel down-after-milliseconds mymaster 3000\n"+
 			"sentinel failover-timeout mymaster 6000\n"+
 			"sentinel parallel-syncs mymaster 1\n", port, dir, host, mport, quorum)
 		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
