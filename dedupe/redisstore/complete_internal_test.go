@@ -159,17 +159,24 @@ func TestCompleteRetryIsNotAcknowledgedWithoutTheReplica(t *testing.T) {
 	}
 }
 
-// A user that may not SET is refused for good on the WATCH path too, not
-// paused for ever behind EXECABORT.
-func TestCompleteRefusedInTheTransactionIsFinal(t *testing.T) {
+// usersWithoutSet starts a Redis of its own and returns a client of its
+// default user and one of a user that may run anything but SET.
+func usersWithoutSet(t *testing.T) (admin, limited *redis.Client) {
+	t.Helper()
 	srv := testenv.StartRedis(t, testenv.RedisConfig{})
 	if _, err := testenv.RedisCommand(srv.Addr, "ACL", "SETUSER", "nowrite", "on", ">pw", "~*", "+@all", "-set"); err != nil {
 		t.Fatal(err)
 	}
-	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer admin.Close()
-	limited := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nowrite", Password: "pw"})
-	defer limited.Close()
+	admin = redis.NewClient(&redis.Options{Addr: srv.Addr})
+	limited = redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nowrite", Password: "pw"})
+	t.Cleanup(func() { admin.Close(); limited.Close() })
+	return admin, limited
+}
+
+// A user that may not SET is refused for good on the WATCH path too, not
+// paused for ever behind EXECABORT.
+func TestCompleteRefusedInTheTransactionIsFinal(t *testing.T) {
+	admin, limited := usersWithoutSet(t)
 	prefix := fmt.Sprintf("acl%d", time.Now().UnixNano())
 	ctx := context.Background()
 	var reqs []dedupe.DecideRequest
@@ -195,14 +202,7 @@ func TestCompleteRefusedInTheTransactionIsFinal(t *testing.T) {
 // script"), and a pipeline that took it for a passing error would pause
 // for ever.
 func TestScriptRefusedByTheACLIsFinal(t *testing.T) {
-	srv := testenv.StartRedis(t, testenv.RedisConfig{})
-	if _, err := testenv.RedisCommand(srv.Addr, "ACL", "SETUSER", "nowrite", "on", ">pw", "~*", "+@all", "-set"); err != nil {
-		t.Fatal(err)
-	}
-	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer admin.Close()
-	limited := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nowrite", Password: "pw"})
-	defer limited.Close()
+	admin, limited := usersWithoutSet(t)
 	prefix := fmt.Sprintf("aclscript%d", time.Now().UnixNano())
 	ctx := context.Background()
 	// Another user's store armed the marker, which the limited user's
