@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemstream/idemstream/dedupe"
@@ -189,13 +190,13 @@ func appendCompact(b []byte, e *dedupe.Entry) []byte {
 	var flags byte
 	if fp, ok := sha256Hex(e.Fingerprint, 64); ok {
 		flags |= compactFingerprint
-		b, _ = hex.AppendDecode(b, []byte(fp))
+		b = appendHexBytes(b, fp)
 	} else {
 		b = appendText(b, e.Fingerprint)
 	}
 	if rd, ok := sha256Hex(e.RulesDigest, 16); ok {
 		flags |= compactRules
-		b, _ = hex.AppendDecode(b, []byte(rd[:16]))
+		b = appendHexBytes(b, rd[:16])
 	} else {
 		b = appendText(b, e.RulesDigest)
 	}
@@ -443,11 +444,11 @@ func (c readContext) rulesOf(rd string) string {
 // topicOf is the topic whose hash is h: the reader's, one the store knows,
 // or h's unresolved form.
 func (c readContext) topicOf(h string) string {
-	if c.topic != "" && hashOf(c.topic) == h {
+	if c.topic != "" && sameHash(c.topic, h) {
 		return c.topic
 	}
 	for _, t := range c.topics {
-		if hashOf(t) == h {
+		if sameHash(t, h) {
 			return t
 		}
 	}
@@ -537,11 +538,36 @@ func hashForm(s string) bool {
 
 func lowerHex(s string) bool {
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+		if hexNibble[s[i]] > 0xf {
 			return false
 		}
 	}
 	return true
+}
+
+// hexNibble is the value of each lowercase hex digit, and 0xff for every
+// other byte: one load a character where digests are checked and decoded
+// for every entry written and read.
+var hexNibble = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = byte(c - '0')
+	}
+	for c := 'a'; c <= 'f'; c++ {
+		t[c] = byte(c-'a') + 10
+	}
+	return t
+}()
+
+// appendHexBytes appends the bytes that s, an even number of lowercase
+// hex digits (checked by the caller), spells.
+func appendHexBytes(b []byte, s string) []byte {
+	for i := 0; i+1 < len(s); i += 2 {
+		b = append(b, hexNibble[s[i]]<<4|hexNibble[s[i+1]])
+	}
+	return b
 }
 
 func isDigest(s string, n int) bool {
@@ -559,24 +585,57 @@ func sha256Hex(s string, n int) (string, bool) {
 	return h, (len(h) == 64 || len(h) == n) && lowerHex(h)
 }
 
-// hashOf is the 4 bytes a compact entry keeps of a holder or a topic.
-func hashOf(s string) string {
-	sum := sha1.Sum([]byte(s))
-	return string(sum[:4])
+// sameHash reports whether h is the hash of s.
+func sameHash(s, h string) bool {
+	sum := hash4(s)
+	return string(sum[:]) == h
+}
+
+// hash4 is the 4 bytes a compact entry keeps of a holder or a topic. The
+// last few names hashed are remembered: a
+// process hashes the same holders (one a partition it owns) and topics
+// again for every entry it completes or reads.
+func hash4(s string) [4]byte {
+	slot := &hashMemo[(len(s)*31+int(lastByte(s)))%len(hashMemo)]
+	if m := slot.Load(); m != nil && m.s == s {
+		return m.sum
+	}
+	var sum [sha1.Size]byte
+	if len(s) <= 128 {
+		// Copied to the stack first: a conversion keeps 32 bytes at
+		// most there.
+		var buf [128]byte
+		sum = sha1.Sum(append(buf[:0], s...))
+	} else {
+		sum = sha1.Sum([]byte(s))
+	}
+	m := &memoHash{s: s, sum: [4]byte(sum[:4])}
+	slot.Store(m)
+	return m.sum
+}
+
+var hashMemo [64]atomic.Pointer[memoHash]
+
+type memoHash struct {
+	s   string
+	sum [4]byte
+}
+
+func lastByte(s string) byte {
+	if s == "" {
+		return 0
+	}
+	return s[len(s)-1]
 }
 
 // appendHash appends the hash of s, or the bytes of a hash in its
 // unresolved form.
 func appendHash(b []byte, s string) []byte {
 	if hashForm(s) {
-		b, _ = hex.AppendDecode(b, []byte(s[1:])) // lowercase hex: no error
-		return b
+		return appendHexBytes(b, s[1:])
 	}
-	// Copied to the stack first: a holder is longer than the 32 bytes
-	// a conversion may keep there.
-	var buf [128]byte
-	sum := sha1.Sum(append(buf[:0], s...))
-	return append(b, sum[:4]...)
+	h := hash4(s)
+	return append(b, h[:]...)
 }
 
 // sha256Text is the text form of the digest (or prefix of one) raw, in
@@ -590,7 +649,7 @@ func sha256Text(raw string) string {
 // resolveHash gives back known when h is its hash, else h's unresolved
 // form.
 func resolveHash(h, known string) string {
-	if known != "" && hashOf(known) == h {
+	if known != "" && sameHash(known, h) {
 		return known
 	}
 	return "#" + hex.EncodeToString([]byte(h))
