@@ -255,7 +255,7 @@ func decodeCompact(e *dedupe.Entry, raw string, c readContext) error {
 		r.err = errNotEntry
 	}
 	if flags&compactRules != 0 {
-		e.RulesDigest = c.rulesOf(sha256Text(r.next(8)))
+		e.RulesDigest = c.rulesOf(r.next(8))
 	} else if e.RulesDigest = r.text(); isDigest(e.RulesDigest, 16) {
 		r.err = errNotEntry
 	}
@@ -427,18 +427,21 @@ func (r *compactReader) source(num bool, c readContext) string {
 	return c.topicOf(h) + "/" + strconv.FormatUint(p, 10) + "/" + strconv.FormatUint(o, 10)
 }
 
-// rulesOf is the rules digest that starts with rd (its first 16 hex
-// digits): the reader's, one the store knows, or rd itself.
-func (c readContext) rulesOf(rd string) string {
-	if len(c.rules) == 71 && c.rules[:23] == rd {
+// rulesOf is the rules digest whose first 8 bytes are raw: the reader's,
+// one the store knows, or the text of those 8 bytes ("sha256:" and 16 hex
+// digits), made only then.
+func (c readContext) rulesOf(raw string) string {
+	var buf [23]byte
+	rd := hex.AppendEncode(append(buf[:0], "sha256:"...), []byte(raw))
+	if len(c.rules) == 71 && c.rules[:23] == string(rd) {
 		return c.rules
 	}
 	for _, d := range c.digests {
-		if len(d) == 71 && d[:23] == rd {
+		if len(d) == 71 && d[:23] == string(rd) {
 			return d
 		}
 	}
-	return rd
+	return string(rd)
 }
 
 // topicOf is the topic whose hash is h: the reader's, one the store knows,
