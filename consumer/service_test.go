@@ -35,23 +35,12 @@ func serviceConfig(t *testing.T, addr string) *schemas.Config {
 // runService runs svc until the test ends.
 func runService(t *testing.T, svc *consumer.Service) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
 	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("Run did not return within 30s of its context's end")
-		}
 		if err := svc.Close(); err != nil {
 			t.Errorf("Close: %v", err)
 		}
 	})
+	testenv.RunUntilEnd(t, svc.Run)
 }
 
 // until polls cond every 20 ms for up to d.

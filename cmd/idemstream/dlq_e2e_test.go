@@ -59,21 +59,8 @@ func startOutagePipeline(t *testing.T) *outagePipeline {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("the pipeline stopped with %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("the pipeline did not stop within 30s")
-		}
-		_ = svc.Close()
-	})
+	t.Cleanup(func() { _ = svc.Close() })
+	testenv.RunUntilEnd(t, svc.Run)
 	return op
 }
 
