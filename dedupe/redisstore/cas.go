@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -284,27 +283,16 @@ func (s *Store) sendCASChunks(ctx context.Context, node *redis.Client, sets []*r
 	for c := range markers {
 		markers[c], want = s.markerGet(ctx)
 	}
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range min(watchParallel, len(chunkErrs)) {
-		wg.Go(func() {
-			for c := range next {
-				chunk := sets[c*casChunk : min((c+1)*casChunk, len(sets))]
-				_, chunkErrs[c] = node.Pipelined(ctx, func(p redis.Pipeliner) error {
-					for _, cmd := range chunk {
-						_ = p.Process(ctx, cmd)
-					}
-					_ = p.Process(ctx, markers[c])
-					return nil
-				})
+	inParallel(len(chunkErrs), func(c int) {
+		chunk := sets[c*casChunk : min((c+1)*casChunk, len(sets))]
+		_, chunkErrs[c] = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, cmd := range chunk {
+				_ = p.Process(ctx, cmd)
 			}
+			_ = p.Process(ctx, markers[c])
+			return nil
 		})
-	}
-	for c := range chunkErrs {
-		next <- c
-	}
-	close(next)
-	wg.Wait()
+	})
 	if err := s.checkMarkers(ctx, want, markers); err != nil {
 		return nil, err
 	}

@@ -116,47 +116,53 @@ func (s *Store) completeWatched(ctx context.Context, node *redis.Client, comps [
 		}
 		chunks[c] = append(chunks[c], i)
 	}
-	// Chunks hold distinct keys: up to watchParallel of them run at once,
-	// each on a connection of its own, so that their round trips overlap.
+	// Chunks hold distinct keys, so that their transactions may overlap.
 	chunkErrs := make([]error, len(chunks))
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range min(watchParallel, len(chunks)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for c := range next {
-				idx := chunks[c]
-				cc := make([]dedupe.Completion, len(idx))
-				cn := make([]string, len(idx))
-				for j, i := range idx {
-					cc[j], cn[j] = comps[i], names[i]
-				}
-				ce, err := s.completeChunk(ctx, node, cc, cn, watched[c])
-				if errors.Is(err, redis.TxFailedErr) {
-					ce, err = s.completeScripted(ctx, cc, cn)
-				}
-				if chunkErrs[c] = err; err == nil {
-					for j, i := range idx {
-						errs[i] = ce[j]
-					}
-				}
+	inParallel(len(chunks), func(c int) {
+		idx := chunks[c]
+		cc := make([]dedupe.Completion, len(idx))
+		cn := make([]string, len(idx))
+		for j, i := range idx {
+			cc[j], cn[j] = comps[i], names[i]
+		}
+		ce, err := s.completeChunk(ctx, node, cc, cn, watched[c])
+		if errors.Is(err, redis.TxFailedErr) {
+			ce, err = s.completeScripted(ctx, cc, cn)
+		}
+		if chunkErrs[c] = err; err == nil {
+			for j, i := range idx {
+				errs[i] = ce[j]
 			}
-		}()
-	}
-	for c := range chunks {
-		next <- c
-	}
-	close(next)
-	wg.Wait()
+		}
+	})
 	if err := firstErr(chunkErrs); err != nil {
 		return nil, err
 	}
 	return errs, nil
 }
 
-// watchParallel bounds the transactions of one Complete call in flight.
+// watchParallel bounds the round trips of one Complete call in flight.
 const watchParallel = 3
+
+// inParallel runs chunk(0) to chunk(n-1), up to watchParallel at once and
+// each on a goroutine of its own, so that each takes a connection of its
+// own and their round trips overlap. It returns when all have returned.
+func inParallel(n int, chunk func(c int)) {
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(watchParallel, n) {
+		wg.Go(func() {
+			for c := range next {
+				chunk(c)
+			}
+		})
+	}
+	for c := range n {
+		next <- c
+	}
+	close(next)
+	wg.Wait()
+}
 
 func firstErr(errs []error) error {
 	for _, err := range errs {
