@@ -29,6 +29,7 @@ func (s *Store) Decide(ctx context.Context, reqs []dedupe.DecideRequest) ([]dedu
 	if len(reqs) == 0 {
 		return nil, nil
 	}
+	reqs = eventTimesAsScripts(reqs)
 	names := make([]string, len(reqs))
 	for i, r := range reqs {
 		if err := checkFields(r); err != nil {
@@ -319,6 +320,47 @@ func (s *Store) roundTrips(ctx context.Context, op string, keys []string, cmds [
 		}
 	}
 	return nil, ackErr
+}
+
+// eventTimesAsScripts returns reqs with each event time as decide.lua
+// keeps it: a Lua number, exact up to 2^53 ms (the year 287,396) and the
+// nearest double beyond, within int64. A producer that stamps
+// nanoseconds as milliseconds reaches that far; the window start that a
+// result's header carries must be the one stored, or a resumed batch
+// would not recognise its own result. Most calls have no such time and
+// get reqs back as they are.
+func eventTimesAsScripts(reqs []dedupe.DecideRequest) []dedupe.DecideRequest {
+	var out []dedupe.DecideRequest
+	for i := range reqs {
+		t := reqs[i].EventTime
+		if t.IsZero() {
+			continue
+		}
+		ms := t.UnixMilli()
+		if ms > -1<<53 && ms < 1<<53 {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(reqs)
+		}
+		out[i].EventTime = time.UnixMilli(luaMillis(ms))
+	}
+	if out == nil {
+		return reqs
+	}
+	return out
+}
+
+// luaMillis is ms as the nearest double, as Lua's tonumber reads its
+// digits, kept within int64: doubles near 2^63 are 1,024 apart, and the
+// largest below it prints as an int64 too.
+func luaMillis(ms int64) int64 {
+	const top = 1<<63 - 1024
+	f := float64(ms)
+	if f >= 1<<63 {
+		return top
+	}
+	return int64(f)
 }
 
 // readMargin is how close to a boundary of the store's clock a decision

@@ -655,6 +655,25 @@ var cases = []testCase{
 		after.EventTime = at.Add(window)
 		d.one(after, dedupe.VerdictFirst)
 	}},
+	{"FarEventTimeIsResumedAsStored", func(t *testing.T, h Harness, d *driver) {
+		// A producer that stamps nanoseconds as milliseconds: the window
+		// start that the decision gives (and a result's header carries)
+		// must be the one stored, or the next holder's resumed batch would
+		// not recognise the result its owner wrote.
+		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
+		r.EventTime = time.UnixMilli(1764957600123456789)
+		first := d.one(r, dedupe.VerdictFirst)
+		if e, ok := d.lookup("k"); !ok || e.DecisionID() != first.Entry.DecisionID() {
+			t.Errorf("decided %s, stored %s (%v)", first.Entry.DecisionID(), e.DecisionID(), ok)
+		}
+		h.Advance(lease + slack)
+		next := r
+		next.Owner.Holder = holderB
+		dec := d.one(next, dedupe.VerdictFirst)
+		if !dec.Resumed || dec.Entry.DecisionID() != first.Entry.DecisionID() {
+			t.Errorf("resumed %v as %s, want resumed as %s", dec.Resumed, dec.Entry.DecisionID(), first.Entry.DecisionID())
+		}
+	}},
 	{"RacingHoldersDecideOnce", func(t *testing.T, h Harness, d *driver) {
 		const racers = 16
 		var firsts atomic.Int32
