@@ -42,9 +42,11 @@ func appendAvroJSON(dst []byte, prog *avroProg, data []byte) ([]byte, error) {
 
 // outputLimit is the most JSON a value of n bytes may decode to: generous
 // for real records (base64 and member names grow a record by a few
-// times), small enough to stop a record of empty items claimed by the
-// billion.
-func outputLimit(n int) int { return 64*n + 1<<16 }
+// times; a reader's defaults, the fields a writer did not send, grow each
+// of its items by as much as the reader names), small enough to stop a
+// record of empty items claimed by the billion. It holds for Avro and
+// Protobuf alike.
+func outputLimit(n int) int { return 64*n + 1<<20 }
 
 func (r *avroReader) long() (int64, error) {
 	// Most numbers of a record are counts, lengths and small values of a

@@ -119,6 +119,14 @@ func (p *avroParser) schema(v any, ns string) (*avroSchema, error) {
 			if s.kind == avroUnion {
 				return nil, fmt.Errorf("avro union directly inside a union")
 			}
+			// A branch is told by its tag: a record named "map" beside a
+			// map would give two values one canonical form (Avro's JSON
+			// encoding cannot tell them apart either).
+			for _, o := range u.branches {
+				if o.tag() == s.tag() {
+					return nil, fmt.Errorf("avro union has two branches named %q", s.tag())
+				}
+			}
 			u.branches = append(u.branches, s)
 		}
 		return u, nil
@@ -198,6 +206,10 @@ func (p *avroParser) define(m map[string]any, ns string, k avroKind) (*avroSchem
 		ns = n
 	}
 	s := &avroSchema{kind: k, name: fullName(name, ns)}
+	if _, primitive := avroPrimitives[s.name]; primitive {
+		// Avro: primitive type names may not be defined in any namespace.
+		return nil, fmt.Errorf("avro %s named %q, a primitive type's name", k, s.name)
+	}
 	if _, dup := p.named[s.name]; dup {
 		return nil, fmt.Errorf("avro type %s defined twice", s.name)
 	}

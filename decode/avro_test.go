@@ -175,6 +175,29 @@ func TestAvroUnionsAreInjective(t *testing.T) {
 	}
 }
 
+// A union's branches are told apart by their tags, so no two may share
+// one: a record named like a kind of type beside that kind, or a named
+// type that takes a primitive type's name, is refused with the schema.
+func TestAvroUnionTagsAreDistinct(t *testing.T) {
+	for name, schema := range map[string]string{
+		"record named map": `[{"type":"map","values":"long"},{"type":"record","name":"map","fields":[{"name":"a","type":"long"}]}]`,
+		"record named array": `{"type":"record","name":"R","fields":[{"name":"u","type":[{"type":"array","items":"long"},
+			{"type":"record","name":"array","fields":[]}]}]}`,
+		"enum named string": `["string",{"type":"enum","name":"string","symbols":["A"]}]`,
+		"fixed named long":  `{"type":"fixed","name":"long","size":8}`,
+	} {
+		if _, err := newAvroParser().parse(schema); err == nil {
+			t.Errorf("%s: parsed", name)
+		}
+	}
+	// The same names under a namespace are tagged with it.
+	ok := `["string",{"type":"map","values":"long"},{"type":"record","name":"map","namespace":"x","fields":[]},
+		{"type":"enum","name":"string","namespace":"x","symbols":["A"]}]`
+	if _, err := newAvroParser().parse(ok); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestAvroRefusesBadInput(t *testing.T) {
 	p := mustAvro(t, claimV1, claimV1)
 	good := claimV1Bytes("t", 5000)
@@ -217,6 +240,33 @@ func TestAvroBillionNullsEnds(t *testing.T) {
 	e = e.long(0)
 	if _, err := appendAvroJSON(nil, mustAvro(t, deep, deep), e); !errors.Is(err, dedupe.ErrMalformedPayload) {
 		t.Fatalf("100 levels: got %v", err)
+	}
+}
+
+// A reader's defaults grow every item of an array by what the writer did
+// not send: a compatible reader must not make such a record too large to
+// decode, as long as the text stays within outputLimit's floor.
+func TestAvroDefaultsOnManyItemsDecode(t *testing.T) {
+	writer := `{"type":"array","items":{"type":"record","name":"I","fields":[{"name":"q","type":"int"}]}}`
+	reader := `{"type":"array","items":{"type":"record","name":"I","fields":[{"name":"q","type":"int"},
+	 {"name":"meta","type":{"type":"record","name":"M","fields":[{"name":"a","type":"string"},{"name":"b","type":"string"},
+	  {"name":"c","type":"string"},{"name":"d","type":"string"}]},
+	  "default":{"a":"first default","b":"second default","c":"third default","d":"fourth default"}}]}}`
+	e := avroEnc{}.long(5000)
+	for i := range 5000 {
+		e = e.long(int64(i % 50)) // a byte each
+	}
+	e = e.long(0)
+	p := mustAvro(t, writer, reader)
+	out, err := appendAvroJSON(nil, p, e)
+	if err != nil {
+		t.Fatalf("%d bytes of Avro: %v", len(e), err)
+	}
+	if len(out) <= 64*len(e)+1<<16 {
+		t.Fatalf("the record decodes to %d bytes: no test of the limit", len(out))
+	}
+	if got, ok := appendAvroCanonical(nil, p, e, nil); !ok || string(got) != string(canonical(t, out)) {
+		t.Fatalf("the canonical writer declined (%v) or differs", ok)
 	}
 }
 

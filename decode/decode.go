@@ -513,6 +513,10 @@ func (d *Decoder) compileWriter(ctx context.Context, st *readerState, w *writer,
 
 func compileJSONSchema(id int, text string, sources map[string]string) (*jsonschema.Schema, error) {
 	c := jsonschema.NewCompiler()
+	// The library reads file:// URLs by default: a schema anyone may
+	// register must not make this process open its files (and print what
+	// it found in dead letters). The draft metaschemas are built in.
+	c.UseLoader(registryOnly{})
 	// A reference's name is relative to the schema that imports it, so it
 	// sits beside the main schema's own URL.
 	const base = "registry:///schemas/ids/"
@@ -538,6 +542,14 @@ func compileJSONSchema(id int, text string, sources map[string]string) (*jsonsch
 		return nil, fmt.Errorf("%w: schema id %d does not compile: %v", dedupe.ErrIncompatibleSchema, id, err)
 	}
 	return s, nil
+}
+
+// registryOnly is the JSON Schema loader of a registry's schemas: every
+// URL that is not one of the schema's own references is refused.
+type registryOnly struct{}
+
+func (registryOnly) Load(url string) (any, error) {
+	return nil, fmt.Errorf("%s is not a reference the registry gave", url)
 }
 
 // validateJSON checks a JSON Schema payload and appends it unchanged: the

@@ -2,6 +2,8 @@ package decode_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/sr"
@@ -23,6 +25,13 @@ func TestJSONSchemaPayloads(t *testing.T) {
 		References: []sr.SchemaReference{{Name: "amount.json", Subject: "amount", Version: 1}},
 	})
 	reg.SeedSchema("other-value", 1, 12, sr.Schema{Schema: `{"type":"record","name":"R","fields":[]}`, Type: sr.TypeAvro})
+	// Whoever may register a schema must not make the service read its
+	// files: a $ref to a schema file that exists is refused.
+	file := filepath.Join(t.TempDir(), "anything.json")
+	if err := os.WriteFile(file, []byte(`true`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg.SeedSchema("files-value", 1, 14, sr.Schema{Schema: `{"$ref":"file://` + filepath.ToSlash(file) + `"}`, Type: sr.TypeJSON})
 	r, err := decode.NewRegistry(decode.RegistryConfig{URL: reg.URL()})
 	if err != nil {
 		t.Fatal(err)
@@ -47,8 +56,10 @@ func TestJSONSchemaPayloads(t *testing.T) {
 		{"no framing", []byte(body), dedupe.ReasonMalformedPayload},
 		{"an Avro schema's id", framed(12, []byte(body)...), dedupe.ReasonIncompatibleSchema},
 		{"an unknown id", framed(13, []byte(body)...), dedupe.ReasonUnknownSchema},
+		{"a schema that reads a file", framed(14, []byte(body)...), dedupe.ReasonIncompatibleSchema},
 	} {
-		if _, err := d.AppendJSON(nil, c.value); dedupe.ReasonOf(err) != c.reason {
+		_, err := d.AppendJSON(nil, c.value)
+		if dedupe.ReasonOf(err) != c.reason {
 			t.Errorf("%s: %v, want %s", c.name, err, c.reason)
 		}
 	}

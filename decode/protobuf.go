@@ -357,14 +357,14 @@ func pbPointerToken(s string) string {
 // appendProtoJSON decodes data, the Protobuf binary of one message without
 // framing, with the reader's descriptor md and appends its JSON text to dst
 // (see the mapping at the top of this file). On error dst is returned as
-// it was given. The output is at most a multiple of len(data) that depends
-// only on the reader schema (every element and entry costs at least a byte
-// on the wire; an empty message element expands to its defaults), so no
-// output limit is needed against a record claiming countless items.
+// it was given. Every element costs at least two bytes on the wire, but
+// an empty message element expands to its fields' defaults, which a
+// reader schema can make a kilobyte: the output has Avro's limit
+// (outputLimit), or a record of empty items would take gigabytes.
 // It is safe for concurrent use.
 func appendProtoJSON(dst []byte, md protoreflect.MessageDescriptor, data []byte) ([]byte, error) {
 	d := protoDecoders.Get().(*protoDecoder)
-	d.data = data
+	d.data, d.limit = data, len(dst)+outputLimit(len(data))
 	d.occ = append(d.occ, protoOcc{end: len(data), wt: protowire.BytesType})
 	d.idx = append(d.idx, 0)
 	out, err := d.message(dst, md, 0, 1, 1)
@@ -397,13 +397,14 @@ type protoOcc struct {
 // A message is decoded from a list of segments (positions in idx), the
 // occurrences that merge into it; the top-level message is one segment.
 type protoDecoder struct {
-	data []byte
-	occ  []protoOcc // occurrences, in wire order within each message
-	idx  []int      // occurrence indices, grouped by field
-	bnd  []int      // per field of each open message, its first position in idx
-	ents []protoEntry
-	keys []byte // text of the map keys of the open maps
-	junk []byte // output of occurrences that are checked and discarded
+	data  []byte
+	limit int        // the most output a buffer may hold (outputLimit)
+	occ   []protoOcc // occurrences, in wire order within each message
+	idx   []int      // occurrence indices, grouped by field
+	bnd   []int      // per field of each open message, its first position in idx
+	ents  []protoEntry
+	keys  []byte // text of the map keys of the open maps
+	junk  []byte // output of occurrences that are checked and discarded
 	// validating counts the discarded occurrences being checked: their
 	// values are overwritten, so a NaN in them is no error.
 	validating int
@@ -445,6 +446,9 @@ func (d *protoDecoder) fieldRange(f protoFrame, i int) (int, int) {
 func (d *protoDecoder) message(dst []byte, md protoreflect.MessageDescriptor, lo, hi, depth int) ([]byte, error) {
 	if depth > dedupe.MaxNestingDepth {
 		return dst, pbErrorf(dedupe.ErrMalformedPayload, "nesting deeper than %d levels", dedupe.MaxNestingDepth)
+	}
+	if len(dst) > d.limit {
+		return dst, pbErrorf(dedupe.ErrMalformedPayload, "decodes to more than %d bytes", d.limit)
 	}
 	f, err := d.scan(md, lo, hi)
 	if err != nil {

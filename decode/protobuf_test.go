@@ -564,6 +564,28 @@ func TestProtoTruncations(t *testing.T) {
 	}
 }
 
+// TestProtoEmptyItemsEnd: an empty element costs two bytes on the wire
+// and expands to every default of its message; a record of them by the
+// thousand stops at outputLimit, as an Avro record does, instead of
+// taking a gigabyte.
+func TestProtoEmptyItemsEnd(t *testing.T) {
+	var fields strings.Builder
+	for i := 1; i <= 30; i++ {
+		fmt.Fprintf(&fields, "  int64 a_field_name_of_about_thirty_chars_%02d = %d;\n", i, i)
+	}
+	src := "syntax = \"proto3\";\npackage wide;\nmessage Item {\n" + fields.String() + "}\nmessage Cmd { repeated Item items = 1; }\n"
+	md := pbMessage(t, pbCompile(t, "wide.proto", map[string]string{"wide.proto": src}), "wide.Cmd")
+	few := bytes.Repeat([]byte{0x0a, 0x00}, 100)
+	if out := pbDecode(t, md, few); len(out) < 100*30*40 {
+		t.Fatalf("100 empty items decode to %d bytes", len(out))
+	}
+	many := bytes.Repeat([]byte{0x0a, 0x00}, 100_000)
+	_, err := appendProtoJSON(nil, md, many)
+	if !errors.Is(err, dedupe.ErrMalformedPayload) || !strings.Contains(err.Error(), "decodes to more than") {
+		t.Fatalf("got %v", err)
+	}
+}
+
 // TestProtoNesting: the output nests no deeper than the canonicalizer
 // accepts (dedupe.MaxNestingDepth containers, arrays and maps included); a
 // deeper message is malformed. Every Node writes its repeated fields, so

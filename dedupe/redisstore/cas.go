@@ -47,7 +47,7 @@ const (
 const casChunk = 64
 
 // hasCAS reports whether node takes SET … IFEQ, asking it once: on a name
-// of its own (under the entries' pattern, for an ACL that names them), a
+// of its own (under the store's prefix, for an ACL that names it), a
 // SET … IFEQ of a wrong value must write nothing and one of the right
 // value must write. A server that refuses the command, or answers
 // otherwise, finishes its batches under WATCH for the life of the Store.
@@ -58,7 +58,9 @@ func (s *Store) hasCAS(ctx context.Context, node *redis.Client) bool {
 	case casUnsupported:
 		return false
 	}
-	name := s.prefix + ":{set-ifeq-probe:" + strconv.FormatInt(time.Now().UnixNano(), 36) + "}"
+	// Entries are named <prefix>:{<pipeline>:<key>}: the probe's name
+	// can be none of them, whatever the pipeline is called.
+	name := s.prefix + ":probe:{set-ifeq:" + strconv.FormatInt(time.Now().UnixNano(), 36) + "}"
 	var set, wrong, right *redis.Cmd
 	var read *redis.StringCmd
 	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
