@@ -285,12 +285,17 @@ func primitiveOp(w, r *avroSchema) (avroOp, bool) {
 func (rs *resolver) record(p *avroProg, w, r *avroSchema, path string) error {
 	used := make([]bool, len(r.fields))
 	for _, wf := range w.fields {
-		i := slices.IndexFunc(r.fields, func(rf *avroField) bool {
-			return rf.name == wf.name || slices.Contains(rf.aliases, wf.name)
-		})
+		matches := func(rf *avroField) bool { return rf.name == wf.name || slices.Contains(rf.aliases, wf.name) }
+		i := slices.IndexFunc(r.fields, matches)
 		if i < 0 {
 			p.fields = append(p.fields, progField{skip: wf.typ})
 			continue
+		}
+		// A reader that names one field twice (a field's alias is
+		// another's name) would write one member twice: the schemas do
+		// not resolve, for every record alike.
+		if used[i] || slices.ContainsFunc(r.fields[i+1:], matches) {
+			return fmt.Errorf("%s: the writer's field %s is more than one of the reader's fields, or one twice", at(path), wf.name)
 		}
 		used[i] = true
 		rf := r.fields[i]

@@ -314,6 +314,24 @@ func TestAvroIncompatibleSchemas(t *testing.T) {
 	}
 }
 
+// A reader whose field's alias is another field's name would write a
+// member twice for every record: the schemas do not resolve.
+func TestAvroReaderNamingAFieldTwice(t *testing.T) {
+	writer := `{"type":"record","name":"R","fields":[{"name":"b","type":"long"}]}`
+	reader := `{"type":"record","name":"R","fields":[{"name":"a","type":"long","aliases":["b"],"default":0},{"name":"b","type":"long","default":0}]}`
+	w, err := newAvroParser().parse(writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := newAvroParser().parse(reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := compileAvro(w, r); !errors.Is(err, dedupe.ErrIncompatibleSchema) {
+		t.Fatalf("got %v", err)
+	}
+}
+
 func TestAvroDecimalsAndDefaults(t *testing.T) {
 	for _, c := range []struct {
 		b     []byte

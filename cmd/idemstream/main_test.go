@@ -312,6 +312,14 @@ func TestInspectCompactEntry(t *testing.T) {
 			t.Errorf("inspect output lacks %q:\n%s", want, r.stdout)
 		}
 	}
+	// The entry holds a rollback to a release before compact entries.
+	if r := runCLI(t, "", "store", "formats", "--config", cfg); r.code != 0 || !strings.HasPrefix(r.stdout, "entries: 0 text, 1 compact\n") ||
+		!strings.Contains(r.stdout, "do not roll back") {
+		t.Errorf("store formats: exit %d, %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(t, "", "store", "formats", "--config", cfg, "-o", "json"); r.code != 0 || !strings.Contains(r.stdout, `"compact": 1`) {
+		t.Errorf("store formats -o json: exit %d, %s %s", r.code, r.stdout, r.stderr)
+	}
 }
 
 func TestInspectStoreDown(t *testing.T) {

@@ -19,26 +19,66 @@ func cmdStore(ctx context.Context, e *env, args []string) error {
 		return nil
 	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return usagef("store takes a subcommand: status or accept-loss")
+		return usagef("store takes a subcommand: status, accept-loss or formats")
 	}
 	switch args[0] {
 	case "status":
 		return storeStatus(ctx, e, args[1:])
 	case "accept-loss":
 		return storeAcceptLoss(ctx, e, args[1:])
+	case "formats":
+		return storeFormats(ctx, e, args[1:])
 	}
-	return usagef("unknown store subcommand %q: status or accept-loss", args[0])
+	return usagef("unknown store subcommand %q: status, accept-loss or formats", args[0])
 }
 
 const storeUsage = `Usage: idemstream store status -c FILE [-o text|json]
        idemstream store accept-loss -c FILE --yes
+       idemstream store formats -c FILE [-o text|json]
 
 status reads the store's generation markers: armed (the store holds its
 decisions), forgot (it lost them: nothing is decided), new or inconsistent.
 accept-loss arms a new generation after a loss: every member decides again,
 and commands whose decisions were lost are decided first again when they
 come back. See docs/operations.md, "The store forgot".
+formats counts the prefix's entries as text and compact (SCAN): a rollback
+to a release before compact entries waits until it finds no compact one.
+See docs/operations.md, "Upgrading to compact entries".
 `
+
+// storeFormats counts the entries of each format.
+func storeFormats(ctx context.Context, e *env, args []string) (err error) {
+	fs := newFlags(e, "store formats", "-c FILE [-o text|json]")
+	cf := addConfigFlags(fs, "store.")
+	outputOf := outputFlag(fs, "text", "text", "json")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	output, err := outputOf()
+	if err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usagef("store formats takes no arguments, got %d", fs.NArg())
+	}
+	s, closeStore, err := openRedisStore(e, cf)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, closeStore()) }()
+	f, err := s.CountFormats(ctx)
+	if err != nil {
+		return err
+	}
+	if output == "json" {
+		return writeJSON(e, map[string]int64{"text": f.Text, "compact": f.Compact})
+	}
+	fmt.Fprintf(e.stdout, "entries: %d text, %d compact\n", f.Text, f.Compact)
+	if f.Compact > 0 {
+		fmt.Fprintln(e.stdout, "a release before compact entries would read the compact ones as no entry: do not roll back to it yet")
+	}
+	return nil
+}
 
 // openRedisStore opens the configuration's Redis store; a memory store
 // has no markers to read.

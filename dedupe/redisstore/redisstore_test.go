@@ -472,6 +472,7 @@ func TestConformanceRedisCluster(t *testing.T) {
 	if firsts != 150 {
 		t.Errorf("%d first decisions for 150 keys sent twice, want 150", firsts)
 	}
+	t.Run("CountFormats", func(t *testing.T) { checkCountFormats(t, c) })
 }
 
 // commandNames counts the commands a client sends, by name.

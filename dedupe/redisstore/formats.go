@@ -1,0 +1,94 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Formats counts a prefix's entries by the format they are written in.
+type Formats struct {
+	Text, Compact int64
+}
+
+// scanPage is how many names one SCAN call asks for, and how many first
+// bytes one pipeline then reads.
+const scanPage = 1000
+
+// CountFormats walks every entry under the store's prefix (SCAN, on every
+// master of a Cluster) and reads the first byte of each: a compact entry
+// starts with a byte below a space, a text one with its state. A release
+// before compact entries reads a compact one as no entry at all, so a
+// rollback to it must wait until this finds none (docs/operations.md).
+// It reads the keyspace once and changes nothing; entries written or
+// expiring while it runs may or may not be counted.
+func (s *Store) CountFormats(ctx context.Context) (Formats, error) {
+	var total Formats
+	var mu sync.Mutex
+	count := func(ctx context.Context, node *redis.Client) error {
+		f, err := s.countFormatsOn(ctx, node)
+		mu.Lock()
+		defer mu.Unlock()
+		total.Text += f.Text
+		total.Compact += f.Compact
+		return err
+	}
+	var err error
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, count)
+	case *redis.Client:
+		err = count(ctx, c)
+	default:
+		err = fmt.Errorf("count formats: a %T is no client this store opens", c)
+	}
+	if err != nil {
+		return Formats{}, err
+	}
+	return total, nil
+}
+
+// countFormatsOn counts the entries of one node.
+func (s *Store) countFormatsOn(ctx context.Context, node *redis.Client) (Formats, error) {
+	var f Formats
+	match := globEscape(s.prefix) + ":{*"
+	var cursor uint64
+	for {
+		names, next, err := node.Scan(ctx, cursor, match, scanPage).Result()
+		if err != nil {
+			return f, classify("count formats", err)
+		}
+		if len(names) > 0 {
+			firsts := make([]*redis.StringCmd, len(names))
+			if _, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for i, name := range names {
+					firsts[i] = p.GetRange(ctx, name, 0, 0)
+				}
+				return nil
+			}); err != nil && !errors.Is(err, redis.Nil) {
+				return f, classify("count formats", err)
+			}
+			for _, c := range firsts {
+				switch b := c.Val(); {
+				case b == "": // expired since the SCAN
+				case isCompact(b):
+					f.Compact++
+				default:
+					f.Text++
+				}
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return f, nil
+		}
+	}
+}
+
+// globEscape escapes the characters SCAN's MATCH reads as a pattern.
+func globEscape(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`).Replace(s)
+}

@@ -1,0 +1,60 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemstream/idemstream/dedupe"
+	"github.com/idemstream/idemstream/dedupe/redisstore"
+	"github.com/idemstream/idemstream/dedupe/storetest"
+	"github.com/idemstream/idemstream/internal/testenv"
+)
+
+func TestCountFormats(t *testing.T) {
+	checkCountFormats(t, client(t, testenv.RedisAddr(t)))
+}
+
+// checkCountFormats: CountFormats finds every entry of the prefix in
+// either format, over more than one SCAN page, and nothing else: not the
+// entries of a prefix that the first is a glob pattern of, nor the
+// marker.
+func checkCountFormats(t *testing.T, c redis.UniversalClient) {
+	t.Helper()
+	ctx := context.Background()
+	prefix := freshPrefix() + "-*?[ab]"
+	compactOpts := []redisstore.Option{redisstore.WithCompactEntries(),
+		redisstore.WithSourceTopics(storetest.SourceTopics...), redisstore.WithRulesDigests(storetest.RulesDigests...)}
+	stores := []struct {
+		s    *redisstore.Store
+		keys int
+	}{
+		{redisstore.New(c, prefix), 1100},
+		{redisstore.New(c, prefix, compactOpts...), 700},
+		{redisstore.New(c, strings.NewReplacer("*", "x", "?", "y", "[ab]", "a").Replace(prefix), compactOpts...), 30},
+	}
+	for i, st := range stores {
+		reqs := make([]dedupe.DecideRequest, st.keys)
+		for k := range reqs {
+			r := decideReq(fmt.Sprintf("s%d-k%d", i, k), "h")
+			r.RulesDigest, r.Fingerprint = storetest.RulesDigests[0], storetest.RulesDigests[0]
+			r.Owner.Source = fmt.Sprintf("%s/0/%d", storetest.SourceTopics[0], k)
+			reqs[k] = r
+		}
+		for from := 0; from < len(reqs); from += 500 {
+			if _, err := st.s.Decide(ctx, reqs[from:min(from+500, len(reqs))]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	got, err := stores[0].s.CountFormats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (redisstore.Formats{Text: 1100, Compact: 700}); got != want {
+		t.Errorf("counted %+v, want %+v", got, want)
+	}
+}
