@@ -283,6 +283,27 @@ func (d *Decoder) AppendJSON(dst, value []byte) ([]byte, error) {
 	return st.decodeWith(dst, w, value[5:], true)
 }
 
+// SchemaOf names the writer schema value was decoded with, for the dead
+// letter of a value that decoded but whose JSON the canonicalizer refuses
+// (a JSON Schema payload naming a member twice); ok is false when that
+// schema is not known here (not yet fetched, or evicted since).
+func (d *Decoder) SchemaOf(value []byte) (ref dedupe.SchemaError, ok bool) {
+	if d.local != nil {
+		return d.local.ref, true
+	}
+	if len(value) < 5 || value[0] != 0 {
+		return ref, false
+	}
+	st := d.state.Load()
+	st.mu.RLock()
+	w := st.writers[int(binary.BigEndian.Uint32(value[1:5]))]
+	st.mu.RUnlock()
+	if w == nil {
+		return ref, false
+	}
+	return w.ref, true
+}
+
 // AppendCanonical appends the canonical form of an Avro value under the
 // rules, written in the one walk over its bytes (see avro_canonical.go);
 // it implements dedupe.CanonicalAppender. It declines (ok false) any

@@ -2,9 +2,11 @@ package decode_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/sr"
 	"github.com/twmb/franz-go/pkg/sr/srfake"
@@ -62,5 +64,39 @@ func TestJSONSchemaPayloads(t *testing.T) {
 		if dedupe.ReasonOf(err) != c.reason {
 			t.Errorf("%s: %v, want %s", c.name, err, c.reason)
 		}
+	}
+}
+
+// A JSON Schema payload that decodes but that the canonicalizer refuses
+// (a member named twice) is a dead letter naming its schema, as the
+// decoder's own refusals are.
+func TestJSONSchemaRefusalsNameTheSchema(t *testing.T) {
+	reg := srfake.New()
+	defer reg.Close()
+	reg.SeedSchema("claims-value", 3, 21, sr.Schema{Schema: `{"type":"object"}`, Type: sr.TypeJSON})
+	r, err := decode.NewRegistry(decode.RegistryConfig{URL: reg.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := decode.Open(context.Background(), decode.Options{Format: dedupe.PayloadJSONSchema, Registry: r, Subject: "claims-value"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	anyKey, err := dedupe.ParseKeyFormat("any")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := dedupe.Policy{Pipeline: "p", Key: dedupe.KeySpec{From: dedupe.KeyFromMessageKey, Format: anyKey},
+		Semantics: dedupe.Strict, Window: time.Minute, PendingTimeout: time.Second, FailedTTL: time.Minute,
+		Rules: dedupe.CanonicalRules{Payload: dedupe.PayloadJSONSchema, Decoder: dec}}
+	d, err := dedupe.NewDecider(pol, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := d.Prepare(&dedupe.Record{Key: []byte("k"), Value: framed(21, []byte(`{"amount":5,"amount":6}`)...)})
+	var se *dedupe.SchemaError
+	if dedupe.ReasonOf(p.Err) != dedupe.ReasonMalformedPayload || !errors.As(p.Err, &se) ||
+		se.ID != 21 || se.Subject != "claims-value" || se.Version != 3 {
+		t.Fatalf("got %v", p.Err)
 	}
 }

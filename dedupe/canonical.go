@@ -43,6 +43,33 @@ type Decoder interface {
 	Digest() string
 }
 
+// SchemaNamer is what a Decoder may also be: it names the writer schema a
+// payload was decoded with, for the dead letter of a payload that decoded
+// but whose JSON text the canonicalizer refuses.
+type SchemaNamer interface {
+	SchemaOf(value []byte) (SchemaError, bool)
+}
+
+// withSchema wraps err, the canonicalizer's refusal of payload's decoded
+// text, with the coordinates of the schema it was decoded with, as the
+// decoder's own refusals are.
+func (c *Canonicalizer) withSchema(payload []byte, err error) error {
+	var se *SchemaError
+	if err == nil || c.dec == nil || errors.As(err, &se) {
+		return err
+	}
+	n, ok := c.dec.(SchemaNamer)
+	if !ok {
+		return err
+	}
+	ref, ok := n.SchemaOf(payload)
+	if !ok {
+		return err
+	}
+	ref.Err = err
+	return &ref
+}
+
 // CanonicalScheme names the canonicalization algorithm. It is part of every
 // rules digest so that a change to the algorithm can never let fingerprints
 // computed under the old one be compared with new ones.

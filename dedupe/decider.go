@@ -139,6 +139,7 @@ func (d *Decider) Prepare(rec *Record) Prepared {
 	out := Prepared{RulesDigest: digest}
 	if fpErr == nil {
 		out.Fingerprint, fpErr = d.canon.fingerprintText(s, body)
+		fpErr = d.canon.withSchema(rec.Value, fpErr)
 	}
 	if fpErr != nil {
 		body = nil
