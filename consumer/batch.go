@@ -229,7 +229,7 @@ func (p *Pipeline) actReplay(ctx context.Context, pz *pauser, r *results, t *tal
 	o, rec := &r.outs[i], &r.recs[i]
 	if o.Decision.RulesChanged && o.Decision.Mismatch && p.policy.Semantics == dedupe.Strict {
 		t.rulesChange++
-		conflict, err := p.conflictUnderCurrentRules(ctx, pz, o)
+		conflict, err := p.conflictUnderCurrentRules(ctx, pz, o, rec)
 		if err != nil {
 			return err
 		}
@@ -314,14 +314,14 @@ func (p *Pipeline) keepLonger(pz *pauser, comps []dedupe.Completion) {
 // with false conflicts, nor let a real one pass. A fetch that fails, or a
 // schema registry that does not answer, pauses the partition and is tried
 // again, never read as "gone" or "the same".
-func (p *Pipeline) conflictUnderCurrentRules(ctx context.Context, pz *pauser, o *dedupe.Outcome) (bool, error) {
+func (p *Pipeline) conflictUnderCurrentRules(ctx context.Context, pz *pauser, o *dedupe.Outcome, rec *dedupe.Record) (bool, error) {
 	msg, found, err := p.firstCopy(ctx, pz, o.Decision.Entry.FirstSource)
 	if err != nil {
 		return false, err
 	}
 	var same bool
 	err = pz.retryStore(ctx, "check the first copy under the current rules", func() (err error) {
-		same, err = p.cfg.Decider.SameRequestUnderCurrentRules(o, msg.Value, found)
+		same, err = p.cfg.Decider.SameRequestUnderCurrentRules(o, rec.Value, msg.Value, found)
 		return err
 	})
 	return !same, err

@@ -224,7 +224,7 @@ func (r *results) checkRules(ctx context.Context) error {
 		if !p.cfg.Decider.NeedsRulesCheck(o) {
 			continue
 		}
-		conflict, err := p.conflictUnderCurrentRules(ctx, r.pz, o)
+		conflict, err := p.conflictUnderCurrentRules(ctx, r.pz, o, &r.recs[i])
 		if err != nil {
 			return err
 		}

@@ -303,19 +303,27 @@ func (c *Canonicalizer) DecodeJSON(payload []byte) ([]byte, error) {
 // Fingerprint returns "sha256:<64 lowercase hex>" over the canonical form of
 // payload.
 func (c *Canonicalizer) Fingerprint(payload []byte) (string, error) {
+	fp, _, err := c.fingerprintWithDigest(payload)
+	return fp, err
+}
+
+// fingerprintWithDigest is Fingerprint with the rules digest it was made
+// under: with a Decoder, reading payload may move the reader schema on.
+func (c *Canonicalizer) fingerprintWithDigest(payload []byte) (fp, digest string, err error) {
 	if c.raw {
-		return formatSHA256(sha256.Sum256(payload)), nil
+		return formatSHA256(sha256.Sum256(payload)), c.RulesDigest(), nil
 	}
 	s := getScratch()
 	defer putScratch(s)
-	if out, _, ok := c.direct(s, payload); ok {
-		return formatSHA256(sha256.Sum256(out)), nil
+	if out, digest, ok := c.direct(s, payload); ok {
+		return formatSHA256(sha256.Sum256(out)), digest, nil
 	}
-	payload, err := c.decode(s, payload)
+	text, digest, err := c.decodeWithDigest(s, payload)
 	if err != nil {
-		return "", err
+		return "", digest, err
 	}
-	return c.fingerprintText(s, payload)
+	fp, err = c.fingerprintText(s, text)
+	return fp, digest, err
 }
 
 // fingerprintText fingerprints JSON text (a payload already decoded).

@@ -256,16 +256,36 @@ func (d *Decider) NeedsRulesCheck(o *Outcome) bool {
 // old rules took) cannot be shown to be the same request: it stays a
 // conflict, which acts on nothing. An error that is not the first copy's
 // fault (a schema registry that did not answer, or refused) is returned:
-// the caller pauses and checks again, or stops, never guessing.
-func (d *Decider) SameRequestUnderCurrentRules(o *Outcome, first []byte, found bool) (bool, error) {
+// the caller pauses and checks again, or stops, never guessing. value is
+// o's record's payload: it is fingerprinted again when reading the first
+// copy moves the reader schema on.
+func (d *Decider) SameRequestUnderCurrentRules(o *Outcome, value, first []byte, found bool) (bool, error) {
 	if !found {
 		return true, nil
 	}
-	fp, err := d.canon.Fingerprint(first)
-	if err != nil && Classify(err) != Poison {
-		return false, err
+	want, wantDigest := o.Fingerprint, o.RulesDigest
+	for range 3 {
+		fp, digest, err := d.canon.fingerprintWithDigest(first)
+		if err != nil && Classify(err) != Poison {
+			return false, err
+		}
+		if digest == wantDigest {
+			return err == nil && fp == want, nil
+		}
+		// Reading the first copy moved the reader schema on (its writer
+		// schema is newer than the reader o's record was read with): the
+		// record, value, is fingerprinted again, so that both are under
+		// the same rules. One the new reader cannot read is no request
+		// to compare.
+		var rerr error
+		if want, wantDigest, rerr = d.canon.fingerprintWithDigest(value); rerr != nil {
+			if Classify(rerr) != Poison {
+				return false, rerr
+			}
+			return false, nil
+		}
 	}
-	return err == nil && fp == o.Fingerprint, nil
+	return false, fmt.Errorf("rules check of %q: %w", o.Key, ErrRulesMoved)
 }
 
 // DecideRulesChecked decides recs as Decide (wait) or DecideAvailable does,

@@ -50,6 +50,11 @@ var (
 	ErrIncompatibleSchema = errors.New("incompatible schema")
 	ErrNonFiniteNumber    = errors.New("non-finite number")
 
+	// ErrRulesMoved is a rules check whose first copy and record were
+	// read under other reader schemas however often it read them again:
+	// the reader kept moving on. The check is made again.
+	ErrRulesMoved = errors.New("the reader schema changed during the check")
+
 	// ErrRegistryUnavailable wraps every failure to reach the schema
 	// registry, or an answer it gave that was not about the record (a 5xx,
 	// a timeout). It is never the record's fault: the record stays
@@ -126,6 +131,7 @@ func Classify(err error) Class {
 	case errors.Is(err, ErrStoreUnavailable),
 		errors.Is(err, ErrBrokerUnavailable),
 		errors.Is(err, ErrRegistryUnavailable),
+		errors.Is(err, ErrRulesMoved),
 		errors.Is(err, context.DeadlineExceeded):
 		return Retryable
 	}

@@ -372,7 +372,7 @@ func (g *Guard) rulesChecked(q *request, o *dedupe.Outcome) ([]dedupe.Outcome, [
 	if err != nil {
 		return nil, nil, err
 	}
-	same, err := g.decider.SameRequestUnderCurrentRules(o, first, found)
+	same, err := g.decider.SameRequestUnderCurrentRules(o, q.rec.Value, first, found)
 	if err != nil {
 		return nil, nil, err
 	}
