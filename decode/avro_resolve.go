@@ -285,17 +285,18 @@ func primitiveOp(w, r *avroSchema) (avroOp, bool) {
 func (rs *resolver) record(p *avroProg, w, r *avroSchema, path string) error {
 	used := make([]bool, len(r.fields))
 	for _, wf := range w.fields {
-		matches := func(rf *avroField) bool { return rf.name == wf.name || slices.Contains(rf.aliases, wf.name) }
-		i := slices.IndexFunc(r.fields, matches)
+		i := slices.IndexFunc(r.fields, func(rf *avroField) bool {
+			return rf.name == wf.name || slices.Contains(rf.aliases, wf.name)
+		})
 		if i < 0 {
 			p.fields = append(p.fields, progField{skip: wf.typ})
 			continue
 		}
-		// A reader that names one field twice (a field's alias is
-		// another's name) would write one member twice: the schemas do
-		// not resolve, for every record alike.
-		if used[i] || slices.ContainsFunc(r.fields[i+1:], matches) {
-			return fmt.Errorf("%s: the writer's field %s is more than one of the reader's fields, or one twice", at(path), wf.name)
+		// Two writer fields read as one reader field (one by its name,
+		// the other by an alias) would write that member twice: the
+		// schemas do not resolve, for every record alike.
+		if used[i] {
+			return fmt.Errorf("%s: the writer's field %s and another before it are both the reader's field %s", at(path), wf.name, r.fields[i].name)
 		}
 		used[i] = true
 		rf := r.fields[i]

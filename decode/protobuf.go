@@ -357,14 +357,17 @@ func pbPointerToken(s string) string {
 // appendProtoJSON decodes data, the Protobuf binary of one message without
 // framing, with the reader's descriptor md and appends its JSON text to dst
 // (see the mapping at the top of this file). On error dst is returned as
-// it was given. Every element costs at least two bytes on the wire, but
-// an empty message element expands to its fields' defaults, which a
-// reader schema can make a kilobyte: the output has Avro's limit
-// (outputLimit), or a record of empty items would take gigabytes.
-// It is safe for concurrent use.
+// it was given. The text is bounded (protoLimit), and the text written to
+// check occurrences that are then discarded counts against that bound
+// too: a record of empty items, or of one item repeated, must not take
+// gigabytes. It is safe for concurrent use.
 func appendProtoJSON(dst []byte, md protoreflect.MessageDescriptor, data []byte) ([]byte, error) {
+	return appendProtoJSONWithin(dst, md, data, protoLimit(md, len(data)))
+}
+
+func appendProtoJSONWithin(dst []byte, md protoreflect.MessageDescriptor, data []byte, limit int) ([]byte, error) {
 	d := protoDecoders.Get().(*protoDecoder)
-	d.data, d.limit = data, len(dst)+outputLimit(len(data))
+	d.data, d.base, d.max = data, len(dst), limit
 	d.occ = append(d.occ, protoOcc{end: len(data), wt: protowire.BytesType})
 	d.idx = append(d.idx, 0)
 	out, err := d.message(dst, md, 0, 1, 1)
@@ -373,6 +376,56 @@ func appendProtoJSON(dst []byte, md protoreflect.MessageDescriptor, data []byte)
 		return dst, pe.wrap()
 	}
 	return out, err
+}
+
+// protoLimit is the most JSON text a record of n bytes may decode to under
+// the reader md: Avro's outputLimit, or what its sparsest items need where
+// that is more (proto3 sends no field at its default, so an item of two
+// bytes on the wire writes every default of its message), up to
+// maxSparseText. A record past it is malformed_payload.
+func protoLimit(md protoreflect.MessageDescriptor, n int) int {
+	sparse := n*(emptyExpansion(md)/2+64) + 1<<20
+	return max(outputLimit(n), min(sparse, maxSparseText))
+}
+
+// maxSparseText bounds the text of sparse Protobuf items: 64 MiB, what
+// Avro allows a record of 1 MiB (the default max_payload_bytes).
+const maxSparseText = 64 << 20
+
+// expansions caches emptyExpansion per reader message.
+var expansions sync.Map // protoreflect.MessageDescriptor -> int
+
+// emptyExpansion is the longest text an empty message of any type that md
+// reaches (through fields, lists and map values) decodes to.
+func emptyExpansion(md protoreflect.MessageDescriptor) int {
+	if v, ok := expansions.Load(md); ok {
+		return v.(int)
+	}
+	most := 0
+	seen := map[protoreflect.FullName]bool{}
+	var visit func(m protoreflect.MessageDescriptor)
+	visit = func(m protoreflect.MessageDescriptor) {
+		if seen[m.FullName()] {
+			return
+		}
+		seen[m.FullName()] = true
+		if out, err := appendProtoJSONWithin(nil, m, nil, math.MaxInt); err == nil {
+			most = max(most, len(out))
+		}
+		fields := m.Fields()
+		for i := range fields.Len() {
+			fd := fields.Get(i)
+			if fd.IsMap() {
+				fd = fd.MapValue()
+			}
+			if fm := fd.Message(); fm != nil {
+				visit(fm)
+			}
+		}
+	}
+	visit(md)
+	expansions.Store(md, most)
+	return most
 }
 
 // protoDecoders recycles the decoders' slabs across records.
@@ -397,14 +450,16 @@ type protoOcc struct {
 // A message is decoded from a list of segments (positions in idx), the
 // occurrences that merge into it; the top-level message is one segment.
 type protoDecoder struct {
-	data  []byte
-	limit int        // the most output a buffer may hold (outputLimit)
-	occ   []protoOcc // occurrences, in wire order within each message
-	idx   []int      // occurrence indices, grouped by field
-	bnd   []int      // per field of each open message, its first position in idx
-	ents  []protoEntry
-	keys  []byte // text of the map keys of the open maps
-	junk  []byte // output of occurrences that are checked and discarded
+	data []byte
+	// base is where the output starts in its buffer; max bounds the text
+	// written, that output and the discarded occurrences' (spent) alike.
+	base, max, spent int
+	occ              []protoOcc // occurrences, in wire order within each message
+	idx              []int      // occurrence indices, grouped by field
+	bnd              []int      // per field of each open message, its first position in idx
+	ents             []protoEntry
+	keys             []byte // text of the map keys of the open maps
+	junk             []byte // output of occurrences that are checked and discarded
 	// validating counts the discarded occurrences being checked: their
 	// values are overwritten, so a NaN in them is no error.
 	validating int
@@ -425,8 +480,22 @@ func (d *protoDecoder) release() {
 		return // an outsized record's slabs are not worth keeping
 	}
 	d.occ, d.idx, d.bnd, d.ents = d.occ[:0], d.idx[:0], d.bnd[:0], d.ents[:0]
-	d.keys, d.junk, d.validating = d.keys[:0], d.junk[:0], 0
+	d.keys, d.junk, d.validating, d.spent = d.keys[:0], d.junk[:0], 0, 0
 	protoDecoders.Put(d)
+}
+
+// bounded fails once the text written passes max: dst (the output, from
+// base, or while validating the buffer of a discarded occurrence, from 0)
+// and what earlier discarded occurrences wrote.
+func (d *protoDecoder) bounded(dst []byte) error {
+	written := len(dst) + d.spent
+	if d.validating == 0 {
+		written -= d.base
+	}
+	if written > d.max {
+		return pbErrorf(dedupe.ErrMalformedPayload, "decodes to more than %d bytes", d.max)
+	}
+	return nil
 }
 
 // bytes is the content of a length-delimited occurrence or group.
@@ -447,8 +516,8 @@ func (d *protoDecoder) message(dst []byte, md protoreflect.MessageDescriptor, lo
 	if depth > dedupe.MaxNestingDepth {
 		return dst, pbErrorf(dedupe.ErrMalformedPayload, "nesting deeper than %d levels", dedupe.MaxNestingDepth)
 	}
-	if len(dst) > d.limit {
-		return dst, pbErrorf(dedupe.ErrMalformedPayload, "decodes to more than %d bytes", d.limit)
+	if err := d.bounded(dst); err != nil {
+		return dst, err
 	}
 	f, err := d.scan(md, lo, hi)
 	if err != nil {
@@ -694,7 +763,7 @@ func (d *protoDecoder) checkDiscarded(fd protoreflect.FieldDescriptor, p, depth 
 		d.validating++
 		out, err := d.message(d.junk[:0], fd.Message(), p, p+1, depth)
 		d.validating--
-		d.junk = out[:0]
+		d.junk, d.spent = out[:0], d.spent+len(out)
 		return err
 	}
 	return nil
@@ -765,6 +834,9 @@ func (d *protoDecoder) list(dst []byte, fd protoreflect.FieldDescriptor, lo, hi,
 			dst, err = d.scalar(dst, fd, o)
 			n++
 		}
+		if err == nil {
+			err = d.bounded(dst)
+		}
 		if err != nil {
 			return dst, pbAt(err, strconv.Itoa(n-1))
 		}
@@ -801,7 +873,10 @@ func (d *protoDecoder) packed(dst []byte, fd protoreflect.FieldDescriptor, o *pr
 		b = b[m:]
 		dst = pbComma(dst, n)
 		var err error
-		if dst, err = d.scalar(dst, fd, &v); err != nil {
+		if dst, err = d.scalar(dst, fd, &v); err == nil {
+			err = d.bounded(dst)
+		}
+		if err != nil {
 			return dst, n + 1, err
 		}
 		n++
@@ -843,6 +918,10 @@ func (d *protoDecoder) mapField(dst []byte, fd protoreflect.FieldDescriptor, lo,
 			d.validating++
 			d.junk, err = d.mapValue(d.junk[:0], fd, e.pos, depth+1)
 			d.validating--
+			d.spent += len(d.junk)
+			if err == nil {
+				err = d.bounded(dst)
+			}
 		} else {
 			dst = pbComma(dst, n)
 			n++

@@ -564,25 +564,36 @@ func TestProtoTruncations(t *testing.T) {
 	}
 }
 
-// TestProtoEmptyItemsEnd: an empty element costs two bytes on the wire
-// and expands to every default of its message; a record of them by the
-// thousand stops at outputLimit, as an Avro record does, instead of
-// taking a gigabyte.
-func TestProtoEmptyItemsEnd(t *testing.T) {
+// TestProtoTextIsBounded: proto3 sends no field at its default, so an
+// item of a few bytes writes every default of its message. Records of
+// such sparse items decode; a record that would expand past protoLimit
+// (empty items by the hundred thousand, an occurrence repeated for the
+// last one to win, long enum names in a packed field) is malformed_payload
+// and stops there, instead of taking gigabytes or seconds.
+func TestProtoTextIsBounded(t *testing.T) {
 	var fields strings.Builder
 	for i := 1; i <= 30; i++ {
 		fmt.Fprintf(&fields, "  int64 a_field_name_of_about_thirty_chars_%02d = %d;\n", i, i)
 	}
-	src := "syntax = \"proto3\";\npackage wide;\nmessage Item {\n" + fields.String() + "}\nmessage Cmd { repeated Item items = 1; }\n"
+	long := strings.Repeat("A_VERY_LONG_ENUM_VALUE_NAME_", 7)
+	src := "syntax = \"proto3\";\npackage wide;\nmessage Item {\n" + fields.String() + "}\n" +
+		"enum E { E_ZERO = 0; " + long + " = 1; }\n" +
+		"message Cmd { repeated Item items = 1; oneof pick { Item a = 2; int32 b = 3; } map<string, Item> byKey = 4; repeated E es = 5; }\n"
 	md := pbMessage(t, pbCompile(t, "wide.proto", map[string]string{"wide.proto": src}), "wide.Cmd")
-	few := bytes.Repeat([]byte{0x0a, 0x00}, 100)
-	if out := pbDecode(t, md, few); len(out) < 100*30*40 {
-		t.Fatalf("100 empty items decode to %d bytes", len(out))
+	sparse := bytes.Repeat(pbFields(1, pbFields(17, uint64(5))), 2000) // one field set in each item
+	if out := pbDecode(t, md, sparse); len(out) <= outputLimit(len(sparse)) {
+		t.Fatalf("2,000 sparse items decode to %d bytes: no test of the sparse bound", len(out))
 	}
-	many := bytes.Repeat([]byte{0x0a, 0x00}, 100_000)
-	_, err := appendProtoJSON(nil, md, many)
-	if !errors.Is(err, dedupe.ErrMalformedPayload) || !strings.Contains(err.Error(), "decodes to more than") {
-		t.Fatalf("got %v", err)
+	entry := pbFields(1, "", 2, []byte{})
+	for name, data := range map[string][]byte{
+		"empty items":             bytes.Repeat([]byte{0x0a, 0x00}, 100_000),
+		"a oneof member repeated": append(bytes.Repeat([]byte{0x12, 0x00}, 500_000), pbFields(3, uint64(1))...),
+		"a map key repeated":      bytes.Repeat(pbField(nil, 4, entry), 300_000),
+		"long enum names, packed": pbField(nil, 5, bytes.Repeat([]byte{1}, 600_000)),
+	} {
+		if _, err := appendProtoJSON(nil, md, data); !errors.Is(err, dedupe.ErrMalformedPayload) || !strings.Contains(err.Error(), "decodes to more than") {
+			t.Errorf("%s: got %v", name, err)
+		}
 	}
 }
 

@@ -52,7 +52,10 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
     -- SUCCESS until its window ends, except for its own record.
     if now >= retain_until(e) then
       e = nil
-    elseif e.s == 'SUCCESS' and clock >= tonumber(e.ws) + window and e.os ~= source and e.fs ~= source then
+    -- clock - ws, not ws + window: two event times beyond 2^53 ms are
+    -- doubles whose difference is exact, where their sum with the window
+    -- would be rounded (dedupe.expired compares exactly).
+    elseif e.s == 'SUCCESS' and clock - tonumber(e.ws) >= window and e.os ~= source and e.fs ~= source then
       e = nil
     end
   end

@@ -321,11 +321,13 @@ func (s *Store) ackMode(ctx context.Context, c redis.Cmdable) (ackMode, string, 
 // warns). A replica that is rewriting its AOF after a sync falls short
 // too: WAIT then, and another probe a minute later.
 func (s *Store) probeWaitAOF(ctx context.Context, node *redis.Client) (bool, error) {
-	key := s.prefix + ":{replica-ack-probe}"
+	// Under <prefix>:probe:, where no entry's name can be (entries are
+	// <prefix>:{<pipeline>:<key>}).
+	key := s.prefix + ":probe:{replica-ack}"
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		// A key of a slot this node serves, or the write is MOVED.
 		for i := 0; i < 10000; i++ {
-			k := s.prefix + ":{replica-ack-probe-" + strconv.Itoa(i) + "}"
+			k := s.prefix + ":probe:{replica-ack-" + strconv.Itoa(i) + "}"
 			if m, err := cc.MasterForKey(ctx, k); err == nil && m.Options().Addr == node.Options().Addr {
 				key = k
 				break

@@ -674,6 +674,24 @@ var cases = []testCase{
 			t.Errorf("resumed %v as %s, want resumed as %s", dec.Resumed, dec.Entry.DecisionID(), first.Entry.DecisionID())
 		}
 	}},
+	{"FarEventTimeWindowIsExact", func(t *testing.T, h Harness, d *driver) {
+		// Event times beyond 2^53 ms are kept as the nearest doubles (256
+		// ms apart here): the window still ends where the times say, on
+		// every path, not where a rounded sum would put it.
+		const w = 1100 * time.Millisecond
+		at := time.UnixMilli(1764957600123456789)
+		r := req("k", fpA, dedupe.Window, holderA, "commands/0/10")
+		r.EventTime, r.Window = at, w
+		first := d.one(r, dedupe.VerdictFirst)
+		d.mustComplete(complete(r, dedupe.Success, 1))
+		ws := first.Entry.WindowStart
+		inside := req("k", fpA, dedupe.Window, holderB, "commands/1/5")
+		inside.EventTime, inside.Window = ws.Add(1024*time.Millisecond), w
+		d.one(inside, dedupe.VerdictReplay)
+		after := inside
+		after.EventTime = ws.Add(1280 * time.Millisecond)
+		d.one(after, dedupe.VerdictFirst)
+	}},
 	{"RacingHoldersDecideOnce", func(t *testing.T, h Harness, d *driver) {
 		const racers = 16
 		var firsts atomic.Int32
