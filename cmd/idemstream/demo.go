@@ -20,10 +20,7 @@ func cmdDemo(ctx context.Context, e *env, args []string) error {
 	payload := fs.String("payload", "json", "json, or avro: the claims as Avro records through an in-process schema registry")
 	overHTTP := fs.Bool("http", false, "send the campaign as HTTP requests, straight to the endpoint and through idemstream proxy, instead of as Kafka commands")
 	outputOf := outputFlag(fs, "text", "text", "json")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	output, err := outputOf()
+	output, err := parseOutput(fs, args, outputOf)
 	if err != nil {
 		return err
 	}

@@ -17,10 +17,7 @@ func cmdInspect(ctx context.Context, e *env, args []string) (err error) {
 	cf := addConfigFlags(fs, "store.")
 	pipeline := fs.String("pipeline", "", "pipeline of the key (optional when the config has one)")
 	outputOf := outputFlag(fs, "text", "text", "json")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	output, err := outputOf()
+	output, err := parseOutput(fs, args, outputOf)
 	if err != nil {
 		return err
 	}

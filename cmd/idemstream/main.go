@@ -265,6 +265,14 @@ func outputFlag(fs *flag.FlagSet, def string, allowed ...string) func() (string,
 	return func() (string, error) { return *out, choice("--output", *out, allowed...) }
 }
 
+// parseOutput parses a command's flags and returns its --output.
+func parseOutput(fs *flag.FlagSet, args []string, outputOf func() (string, error)) (string, error) {
+	if err := parseFlags(fs, args); err != nil {
+		return "", err
+	}
+	return outputOf()
+}
+
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	// Flags may follow positional arguments: "hash a.json --config c.yaml".
 	var positional []string

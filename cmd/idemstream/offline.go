@@ -95,10 +95,7 @@ func cmdHash(_ context.Context, e *env, args []string) error {
 	pipeline := fs.String("pipeline", "", "pipeline whose rules apply (optional when the config has one)")
 	schemaFile := fs.String("schema", "", "read the payload offline as plain Avro or Protobuf of this .avsc or .proto (no registry framing)")
 	outputOf := outputFlag(fs, "text", "text", "json")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	output, err := outputOf()
+	output, err := parseOutput(fs, args, outputOf)
 	if err != nil {
 		return err
 	}
@@ -145,10 +142,7 @@ func cmdDiff(_ context.Context, e *env, args []string) error {
 	pipeline := fs.String("pipeline", "", "pipeline whose rules apply (optional when the config has one)")
 	schemaFile := fs.String("schema", "", "read the payloads offline as plain Avro or Protobuf of this .avsc or .proto (no registry framing)")
 	outputOf := outputFlag(fs, "text", "text", "json")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	output, err := outputOf()
+	output, err := parseOutput(fs, args, outputOf)
 	if err != nil {
 		return err
 	}
@@ -194,10 +188,7 @@ func cmdContract(_ context.Context, e *env, args []string) error {
 	fs := newFlags(e, "contract", "-c FILE [-o markdown|asyncapi|openapi]")
 	cf := addConfigFlags(fs, "kafka.group")
 	outputOf := outputFlag(fs, "markdown", "markdown", "asyncapi", "openapi")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	format, err := outputOf()
+	format, err := parseOutput(fs, args, outputOf)
 	if err != nil {
 		return err
 	}

@@ -48,20 +48,7 @@ See docs/operations.md, "Upgrading to compact entries".
 
 // storeFormats counts the entries of each format.
 func storeFormats(ctx context.Context, e *env, args []string) (err error) {
-	fs := newFlags(e, "store formats", "-c FILE [-o text|json]")
-	cf := addConfigFlags(fs, "store.")
-	outputOf := outputFlag(fs, "text", "text", "json")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	output, err := outputOf()
-	if err != nil {
-		return err
-	}
-	if fs.NArg() != 0 {
-		return usagef("store formats takes no arguments, got %d", fs.NArg())
-	}
-	s, closeStore, err := openRedisStore(e, cf)
+	s, output, closeStore, err := openStoreCommand(e, "formats", args)
 	if err != nil {
 		return err
 	}
@@ -78,6 +65,22 @@ func storeFormats(ctx context.Context, e *env, args []string) (err error) {
 		fmt.Fprintln(e.stdout, "a release before compact entries would read the compact ones as no entry: do not roll back to it yet")
 	}
 	return nil
+}
+
+// openStoreCommand parses the flags of "store <name>" (a config and
+// -o text|json, no arguments) and opens the config's Redis store.
+func openStoreCommand(e *env, name string, args []string) (s *redisstore.Store, output string, closeStore func() error, err error) {
+	fs := newFlags(e, "store "+name, "-c FILE [-o text|json]")
+	cf := addConfigFlags(fs, "store.")
+	outputOf := outputFlag(fs, "text", "text", "json")
+	if output, err = parseOutput(fs, args, outputOf); err != nil {
+		return nil, "", nil, err
+	}
+	if fs.NArg() != 0 {
+		return nil, "", nil, usagef("store %s takes no arguments, got %d", name, fs.NArg())
+	}
+	s, closeStore, err = openRedisStore(e, cf)
+	return s, output, closeStore, err
 }
 
 // openRedisStore opens the configuration's Redis store; a memory store
@@ -98,20 +101,7 @@ func openRedisStore(e *env, cf *configFlags) (*redisstore.Store, func() error, e
 }
 
 func storeStatus(ctx context.Context, e *env, args []string) (err error) {
-	fs := newFlags(e, "store status", "-c FILE [-o text|json]")
-	cf := addConfigFlags(fs, "store.")
-	outputOf := outputFlag(fs, "text", "text", "json")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	output, err := outputOf()
-	if err != nil {
-		return err
-	}
-	if fs.NArg() != 0 {
-		return usagef("store status takes no arguments, got %d", fs.NArg())
-	}
-	s, closeStore, err := openRedisStore(e, cf)
+	s, output, closeStore, err := openStoreCommand(e, "status", args)
 	if err != nil {
 		return err
 	}
