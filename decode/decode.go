@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -132,8 +131,7 @@ func (d *Decoder) openFile(st *readerState) error {
 			return fmt.Errorf("schema_file %s: %w", o.SchemaFile, err)
 		}
 	case dedupe.PayloadProtobuf:
-		name := filepath.Base(o.SchemaFile)
-		if st.reader.proto, err = compileProto(name, map[string]string{name: string(text)}); err != nil {
+		if st.reader.proto, err = compileProtoFile(o.SchemaFile); err != nil {
 			return fmt.Errorf("schema_file %s: %w", o.SchemaFile, err)
 		}
 		if err := st.pickReaderMessage(o.Message); err != nil {

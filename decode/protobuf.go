@@ -8,7 +8,11 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"io/fs"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -76,7 +80,40 @@ type protoSchema struct {
 // compiler's own copies, so that a registry that sends its own text of
 // timestamp.proto does not change what the schema means or its digest.
 func compileProto(main string, sources map[string]string) (*protoSchema, error) {
-	src := &protocompile.SourceResolver{Accessor: protocompile.SourceAccessorFromMap(sources)}
+	return compileProtoFrom(main, protocompile.SourceAccessorFromMap(sources))
+}
+
+// compileProtoFile compiles a local .proto. An import is read from the
+// file's directory or, failing that, the nearest directory above it that
+// holds it: "coupon/v1/item.proto" imported by proto/coupon/v1/claim.proto
+// is proto/coupon/v1/item.proto, as protoc -I proto reads it.
+func compileProtoFile(path string) (*protoSchema, error) {
+	main := filepath.Base(path)
+	dir, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	return compileProtoFrom(main, func(name string) (io.ReadCloser, error) {
+		if name == main {
+			return os.Open(path)
+		}
+		rel := filepath.FromSlash(name)
+		if !filepath.IsLocal(rel) {
+			return nil, fmt.Errorf("import %q leaves the schema's directories", name)
+		}
+		for d := dir; ; d = filepath.Dir(d) {
+			if f, err := os.Open(filepath.Join(d, rel)); err == nil {
+				return f, nil
+			}
+			if filepath.Dir(d) == d {
+				return nil, fmt.Errorf("import %q: %w beside %s or above it", name, fs.ErrNotExist, path)
+			}
+		}
+	})
+}
+
+func compileProtoFrom(main string, open func(string) (io.ReadCloser, error)) (*protoSchema, error) {
+	src := &protocompile.SourceResolver{Accessor: open}
 	std := protocompile.WithStandardImports(protocompile.ResolverFunc(
 		func(string) (protocompile.SearchResult, error) {
 			return protocompile.SearchResult{}, protoregistry.NotFound

@@ -2,12 +2,15 @@ package decode
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -561,6 +564,42 @@ func TestProtoTruncations(t *testing.T) {
 			t.Fatalf("prefix %d: %v", n, err)
 		}
 		pbMatchesRuntime(t, md, data[:n])
+	}
+}
+
+// A local .proto imports its siblings as protoc -I <root> reads them: the
+// import path from the file's directory or the nearest one above it; an
+// import that is nowhere, or that climbs out with "..", is refused.
+func TestProtoLocalFileImports(t *testing.T) {
+	root := t.TempDir()
+	write := func(rel, text string) string {
+		path := filepath.Join(root, filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	write("proto/coupon/v1/item.proto", pbItemProto)
+	claim := write("proto/coupon/v1/claim.proto", pbClaimProto)
+	d, err := Open(context.Background(), Options{Format: dedupe.PayloadProtobuf, SchemaFile: claim, Message: "coupon.v1.Claim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := d.AppendJSON(nil, pbFields(1, "C-1", 7, pbFields(1, "A-1", 2, uint64(3))))
+	if err != nil || !strings.Contains(string(got), `"items":[{"sku":"A-1","qty":3,"client_ts":""}]`) {
+		t.Fatalf("%s %v", got, err)
+	}
+	for name, text := range map[string]string{
+		"missing": `syntax = "proto3"; import "coupon/v1/nowhere.proto"; message M {}`,
+		"climbs":  `syntax = "proto3"; import "../proto/coupon/v1/item.proto"; message M {}`,
+	} {
+		path := write("other/"+name+".proto", text)
+		if _, err := Open(context.Background(), Options{Format: dedupe.PayloadProtobuf, SchemaFile: path}); err == nil {
+			t.Errorf("%s: opened", name)
+		}
 	}
 }
 
