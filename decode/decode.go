@@ -131,7 +131,7 @@ func (d *Decoder) openFile(st *readerState) error {
 			return fmt.Errorf("schema_file %s: %w", o.SchemaFile, err)
 		}
 	case dedupe.PayloadProtobuf:
-		if st.reader.proto, err = compileProtoFile(o.SchemaFile); err != nil {
+		if st.reader.proto, err = compileProtoFile(o.SchemaFile, string(text)); err != nil {
 			return fmt.Errorf("schema_file %s: %w", o.SchemaFile, err)
 		}
 		if err := st.pickReaderMessage(o.Message); err != nil {

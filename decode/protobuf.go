@@ -83,11 +83,11 @@ func compileProto(main string, sources map[string]string) (*protoSchema, error) 
 	return compileProtoFrom(main, protocompile.SourceAccessorFromMap(sources))
 }
 
-// compileProtoFile compiles a local .proto. An import is read from the
-// file's directory or, failing that, the nearest directory above it that
-// holds it: "coupon/v1/item.proto" imported by proto/coupon/v1/claim.proto
+// compileProtoFile compiles a local .proto, text as read from path. An
+// import is read from the file's directory or, failing that, the nearest
+// directory above it that holds it: "coupon/v1/item.proto" imported by proto/coupon/v1/claim.proto
 // is proto/coupon/v1/item.proto, as protoc -I proto reads it.
-func compileProtoFile(path string) (*protoSchema, error) {
+func compileProtoFile(path, text string) (*protoSchema, error) {
 	main := filepath.Base(path)
 	dir, err := filepath.Abs(filepath.Dir(path))
 	if err != nil {
@@ -95,7 +95,7 @@ func compileProtoFile(path string) (*protoSchema, error) {
 	}
 	return compileProtoFrom(main, func(name string) (io.ReadCloser, error) {
 		if name == main {
-			return os.Open(path)
+			return io.NopCloser(strings.NewReader(text)), nil
 		}
 		rel := filepath.FromSlash(name)
 		if !filepath.IsLocal(rel) {
