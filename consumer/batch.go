@@ -439,10 +439,7 @@ func (p *Pipeline) writeAtLeastOnce(ctx context.Context, pz *pauser, what, topic
 			}
 		}
 		for j, i := range idx {
-			w := sinks.Written{Offset: dedupe.NoPosition, Err: err}
-			if written != nil {
-				w = written[j]
-			}
+			w := writtenAt(written, j, err)
 			switch {
 			case w.Err == nil && w.Offset >= 0:
 			case errors.Is(w.Err, dedupe.ErrPayloadTooLarge) && !trim:

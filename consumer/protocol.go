@@ -358,16 +358,22 @@ func (r *results) write(ctx context.Context) error {
 	return nil
 }
 
+// writtenAt is what became of write j of a call that answered written
+// and err: its own answer, or err where the call answered for none.
+func writtenAt(written []sinks.Written, j int, err error) sinks.Written {
+	if written != nil {
+		return written[j]
+	}
+	return sinks.Written{Offset: dedupe.NoPosition, Err: err}
+}
+
 // sortWrites sorts the results of a write that failed (werr) by what
 // became of each: written; maybe appended (unknown, to be looked for) or
 // refused for now, both to be written again (again); refused for good,
 // the first copy failed. A refusal of the topic itself is the error.
 func (r *results) sortWrites(todo []*firstCopy, written []sinks.Written, werr error) (again, unknown []*firstCopy, err error) {
 	for j, fc := range todo {
-		w := sinks.Written{Offset: dedupe.NoPosition, Err: werr}
-		if written != nil {
-			w = written[j]
-		}
+		w := writtenAt(written, j, werr)
 		switch {
 		case w.Err == nil && w.Offset >= 0:
 			fc.wrote(w)
