@@ -83,6 +83,9 @@ const (
 	compactKey                     // the key follows, to the end; else its length
 )
 
+// The state in byte 0's two low bits. 0 is none: kept for a later
+// format, which this release reads as no entry of its own and refuses to
+// decide over (entry.lua, load).
 const (
 	compactPending byte = 1
 	compactSuccess byte = 2

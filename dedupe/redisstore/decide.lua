@@ -28,6 +28,7 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
   -- lease its owner holds, and changes nothing else.
   if final == 'r' then
     local e, raw = load(name, ctx)
+    if not e and raw then return 'error', '0000', unreadable(name) end
     if e and e.k == key and e.s == 'PENDING' and e.oh == holder and e.os == source and now < retain_until(e) then
       e.lu = lu
       return 'first', '1000', save(name, e)
@@ -44,6 +45,7 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
   end
 
   local e, raw = load(name, ctx)
+  if not e and raw then return 'error', '0000', unreadable(name) end
   if e then
     if e.k ~= key then
       return 'error', '0000', 'entry ' .. name .. ' holds another key'

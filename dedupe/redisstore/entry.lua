@@ -195,24 +195,34 @@ local function decode_compact(name, raw, ctx)
   return e
 end
 
+-- load reads the entry stored at name: (entry, raw), or (nil, nil) when
+-- there is none, or (nil, raw) when the value stored there is no entry this
+-- release reads (a later release's format, or not idemstream's). Such a
+-- value is never written over: the caller refuses the record (unreadable).
 local function load(name, ctx)
   local raw = redis.call('GET', name)
   if not raw then return nil, nil end
   if #raw > 0 and string.byte(raw, 1) < 32 then
     local e = decode_compact(name, raw, ctx or {})
-    if not e then return nil, nil end
+    if not e then return nil, raw end
     e.compact = true
     return e, raw
   end
   local e, pos = {}, 1
   for i = 1, 13 do
     local j = string.find(raw, SEP, pos, true)
-    if not j then return nil, nil end
+    if not j then return nil, raw end
     e[FIELDS[i]] = string.sub(raw, pos, j - 1)
     pos = j + 1
   end
   e.k = string.sub(raw, pos)
   return e, raw
+end
+
+-- unreadable is the error of a record whose key holds a value load does
+-- not read: deciding it would write over what a later release may need.
+local function unreadable(name)
+  return 'entry ' .. name .. ' is not one this release reads (a later release wrote it, or it is not an idemstream entry): its key is not decided'
 end
 
 local function retain_until(e)

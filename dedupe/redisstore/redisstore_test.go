@@ -316,6 +316,66 @@ func TestOneNameForTwoKeysInOneBatch(t *testing.T) {
 	}
 }
 
+// TestUnreadableEntryIsNeverWrittenOver: a value at an entry's name that
+// this release does not read (a later release's format, a compact entry
+// with a byte too many, or no entry at all) stops its record with an
+// error on every path that decides (the SET NX batch, the script alone, a
+// renewal) and stays as it was. Written over, it would decide the key
+// first again beside the result a later release may have written.
+func TestUnreadableEntryIsNeverWrittenOver(t *testing.T) {
+	ctx := context.Background()
+	c := client(t, testenv.RedisAddr(t))
+	s := redisstore.New(c, freshPrefix(), redisstore.WithCompactEntries())
+	if _, err := s.Decide(ctx, []dedupe.DecideRequest{decideReq("model", "h")}); err != nil {
+		t.Fatal(err)
+	}
+	compact, err := c.Get(ctx, s.RedisKey("p", "model")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	values := map[string]string{
+		"a compact entry with a byte too many":  compact + "\x01",
+		"state code 0, kept for a later format": "\x00\x00" + compact[2:],
+		"no entry at all":                       "hello",
+	}
+	for what, v := range values {
+		for _, path := range []string{"set-nx-batch", "script", "renewal"} {
+			t.Run(what+"/"+path, func(t *testing.T) {
+				key := "k-" + strconv.FormatInt(prefixes.Add(1), 10)
+				name := s.RedisKey("p", key)
+				if err := c.Set(ctx, name, v, time.Minute).Err(); err != nil {
+					t.Fatal(err)
+				}
+				r := decideReq(key, "h")
+				reqs := []dedupe.DecideRequest{r}
+				switch path {
+				case "set-nx-batch":
+					for i := range redisstore.FastPathMin {
+						f := decideReq(key+"-filler-"+strconv.Itoa(i), "h")
+						f.Owner.Source = "in/1/" + strconv.Itoa(i)
+						reqs = append(reqs, f)
+					}
+				case "renewal":
+					reqs[0].RenewOnly = true
+				}
+				decs, err := s.Decide(ctx, reqs)
+				if err == nil || !strings.Contains(err.Error(), "not one this release reads") {
+					t.Errorf("decided over %q: %v, %v; want an error that says the entry is not one this release reads", v, decs, err)
+				}
+				if dedupe.IsRetryable(err) {
+					t.Errorf("error %v is retryable: it cannot pass by itself", err)
+				}
+				if got, _ := c.Get(ctx, name).Result(); got != v {
+					t.Errorf("the value became %q, want it unchanged", got)
+				}
+				if _, found, err := s.Lookup(ctx, "p", key); found || err == nil {
+					t.Errorf("Lookup = found %v, error %v; want an error", found, err)
+				}
+			})
+		}
+	}
+}
+
 func TestRedactURL(t *testing.T) {
 	got := redisstore.RedactURL("redis://user:s3cret@host:6379/0")
 	if strings.Contains(got, "s3cret") {
