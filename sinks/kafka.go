@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"time"
 
@@ -251,14 +250,9 @@ func (k *Kafka) writePartition(ctx context.Context, topic string, partition int,
 }
 
 func (k *Kafka) produce(ctx context.Context, topic string, partition int, msgs []Message, idx []int, out []Written) error {
-	records := make([]kafka.Record, len(idx))
-	for j, i := range idx {
-		m := &msgs[i]
-		records[j] = kafka.Record{Key: bytesOrNil(m.Key), Value: bytesOrNil(m.Value), Headers: toKafka(m.Headers)}
-	}
 	res, err := k.client.Produce(ctx, &kafka.ProduceRequest{
 		Topic: topic, Partition: partition, RequiredAcks: kafka.RequireAll, Compression: k.Compression,
-		Records: kafka.NewRecordReader(records...),
+		Records: kafka.NewRecordReader(kafkaRecords(msgs, idx)...),
 	})
 	if err == nil && res.Error != nil {
 		err = res.Error
@@ -310,45 +304,6 @@ func classifyProduce(topic string, partition, records int, err error) error {
 		return fmt.Errorf("produce to %s/%d: %w: %w", topic, partition, ErrAmbiguous, err)
 	}
 	return fmt.Errorf("produce to %s/%d: %w: %w: %w", topic, partition, dedupe.ErrBrokerUnavailable, ErrAmbiguous, err)
-}
-
-func bytesOrNil(b []byte) kafka.Bytes {
-	if b == nil {
-		return nil
-	}
-	return kafka.NewBytes(b)
-}
-
-func toKafka(hs []dedupe.Header) []kafka.Header {
-	out := make([]kafka.Header, len(hs))
-	for i, h := range hs {
-		out[i] = kafka.Header{Key: h.Key, Value: h.Value}
-	}
-	return out
-}
-
-// fromKafka copies fetched headers, so that nothing a record keeps points
-// into memory kafka-go owns. (kafka-go 0.4 decodes header values into
-// slices of their own, but nothing in its API promises it; keys and
-// values, read through its Bytes, live in pooled pages.)
-func fromKafka(hs []kafka.Header) []dedupe.Header {
-	out := make([]dedupe.Header, len(hs))
-	n := 0
-	for _, h := range hs {
-		n += len(h.Value)
-	}
-	// The values are copied into one buffer: every input record's
-	// headers pass here.
-	buf := make([]byte, 0, n)
-	for i, h := range hs {
-		out[i].Key = h.Key
-		if len(h.Value) > 0 {
-			start := len(buf)
-			buf = append(buf, h.Value...)
-			out[i].Value = buf[start:len(buf):len(buf)]
-		}
-	}
-	return out
 }
 
 // Fetched is a record read back from a topic.
@@ -483,60 +438,6 @@ func (k *Kafka) listOffsets(ctx context.Context, topic string, partitions []int,
 		out[po.Partition] = pick(po)
 	}
 	return out, nil
-}
-
-// drain reads a record set, skipping records before from (a fetch returns
-// whole batches).
-func drain(rr kafka.RecordReader, from int64) ([]Fetched, error) {
-	var out []Fetched
-	if rr == nil {
-		return nil, nil
-	}
-	for {
-		r, err := rr.ReadRecord()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if r.Offset < from {
-			release(r.Key, r.Value)
-			continue
-		}
-		key, value, err := readKeyValue(r.Key, r.Value)
-		release(r.Key, r.Value)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, Fetched{Offset: r.Offset, Time: r.Time, Message: Message{Key: key, Value: value, Headers: fromKafka(r.Headers)}})
-	}
-}
-
-// readKeyValue copies a record's key and value into one buffer. A null
-// key or value stays nil, an empty one stays empty.
-func readKeyValue(k, v kafka.Bytes) (key, value []byte, err error) {
-	kn, vn := 0, 0
-	if k != nil {
-		kn = k.Len()
-	}
-	if v != nil {
-		vn = v.Len()
-	}
-	buf := make([]byte, kn+vn)
-	if k != nil {
-		key = buf[:kn:kn]
-		if _, err = io.ReadFull(k, key); err != nil {
-			return nil, nil, err
-		}
-	}
-	if v != nil {
-		value = buf[kn:]
-		if _, err = io.ReadFull(v, value); err != nil {
-			return nil, nil, err
-		}
-	}
-	return key, value, nil
 }
 
 // release hands a record's references to the fetch response's pages back
