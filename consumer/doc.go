@@ -122,8 +122,11 @@
 //     the old result and leave a new request unhandled. The new format
 //     would need a release that reads it before any release writes it.
 //
-// docs/design.md gives the two shapes in full and what the per-key
-// completion costs.
+// docs/design.md gives the two shapes in full, a third with a ledger of
+// open attempts and what two reviews found it still needs before it is
+// built, and what the per-key completion costs: measured by skipping it,
+// Redis's CPU per record halves and the consumer's falls by a sixth to a
+// fifth.
 //
 // # Where it can stop, and what the next owner finds
 //
