@@ -41,8 +41,9 @@ decisions), forgot (it lost them: nothing is decided), new or inconsistent.
 accept-loss arms a new generation after a loss: every member decides again,
 and commands whose decisions were lost are decided first again when they
 come back. See docs/operations.md, "The store forgot".
-formats counts the prefix's entries as text and compact (SCAN): a rollback
-to a release before compact entries waits until it finds no compact one.
+formats counts the prefix's entries as text and compact (SCAN), and the
+values there this release does not read: a rollback to a release before
+compact entries waits until it finds no compact one.
 See docs/operations.md, "Upgrading to compact entries".
 `
 
@@ -58,9 +59,12 @@ func storeFormats(ctx context.Context, e *env, args []string) (err error) {
 		return err
 	}
 	if output == "json" {
-		return writeJSON(e, map[string]int64{"text": f.Text, "compact": f.Compact})
+		return writeJSON(e, map[string]int64{"text": f.Text, "compact": f.Compact, "other": f.Other})
 	}
 	fmt.Fprintf(e.stdout, "entries: %d text, %d compact\n", f.Text, f.Compact)
+	if f.Other > 0 {
+		fmt.Fprintf(e.stdout, "%d value(s) under the prefix are no entry this release reads (a later release's, or another program's): a pipeline that meets one stops\n", f.Other)
+	}
 	if f.Compact > 0 {
 		fmt.Fprintln(e.stdout, "a release before compact entries would read the compact ones as no entry: do not roll back to it yet")
 	}

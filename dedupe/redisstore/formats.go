@@ -11,8 +11,11 @@ import (
 )
 
 // Formats counts a prefix's entries by the format they are written in.
+// Other counts the values at entries' names that this release does not
+// read by their first byte (a later release's format, another program's
+// value): a record of such a key stops its pipeline.
 type Formats struct {
-	Text, Compact int64
+	Text, Compact, Other int64
 }
 
 // scanPage is how many names one SCAN call asks for, and how many first
@@ -21,7 +24,8 @@ const scanPage = 1000
 
 // CountFormats walks every entry under the store's prefix (SCAN, on every
 // master of a Cluster) and reads the first byte of each: a compact entry
-// starts with a byte below a space, a text one with its state. A release
+// starts with a byte below a space that names a state, a text one with its
+// state, and anything else is counted as Other. A release
 // before compact entries reads a compact one as no entry at all, so a
 // rollback to it must wait until this finds none (docs/operations.md).
 // It reads the keyspace once and changes nothing; entries written or
@@ -35,6 +39,7 @@ func (s *Store) CountFormats(ctx context.Context) (Formats, error) {
 		defer mu.Unlock()
 		total.Text += f.Text
 		total.Compact += f.Compact
+		total.Other += f.Other
 		return err
 	}
 	var err error
@@ -75,10 +80,12 @@ func (s *Store) countFormatsOn(ctx context.Context, node *redis.Client) (Formats
 			for _, c := range firsts {
 				switch b := c.Val(); {
 				case b == "": // expired since the SCAN
-				case isCompact(b):
+				case isCompact(b) && b[0]&3 != 0:
 					f.Compact++
-				default:
+				case b == "P" || b == "S" || b == "F": // PENDING, SUCCESS, FAILED
 					f.Text++
+				default:
+					f.Other++
 				}
 			}
 		}

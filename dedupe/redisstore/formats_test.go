@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -50,11 +51,18 @@ func checkCountFormats(t *testing.T, c redis.UniversalClient) {
 			}
 		}
 	}
+	// Values this release does not read: a later format's state 0, and
+	// no entry at all.
+	for i, v := range []string{"\x00\x01later", "hello"} {
+		if err := c.Set(ctx, stores[0].s.RedisKey("p", fmt.Sprintf("other-%d", i)), v, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	got, err := stores[0].s.CountFormats(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (redisstore.Formats{Text: 1100, Compact: 700}); got != want {
+	if want := (redisstore.Formats{Text: 1100, Compact: 700, Other: 2}); got != want {
 		t.Errorf("counted %+v, want %+v", got, want)
 	}
 }
