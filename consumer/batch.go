@@ -518,7 +518,8 @@ func (p *Pipeline) storedResult(ctx context.Context, ref dedupe.ResultRef) (sink
 	if err != nil || len(recs) == 0 || recs[0].Offset != ref.Offset {
 		return sinks.Message{}, false
 	}
-	return recs[0].Message, true
+	// Kept for the batch's replies, not its fetch's blocks.
+	return recs[0].Own(), true
 }
 
 // errNoRecords is a fetch below the high watermark that returned nothing.
@@ -560,7 +561,7 @@ func (p *Pipeline) inputRecord(ctx context.Context, source string) (sinks.Messag
 	case len(recs) == 0 || recs[0].Offset != offset:
 		return sinks.Message{}, false, nil
 	}
-	return recs[0].Message, true, nil
+	return recs[0].Own(), true, nil
 }
 
 // conflictPaths names the fields that differ from the first copy. The

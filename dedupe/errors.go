@@ -80,6 +80,12 @@ var (
 	// partition pauses.
 	ErrStoreForgot = fmt.Errorf("%w: the store forgot decisions it had made", ErrStoreUnavailable)
 
+	// ErrEntryUnreadable is a value at a key's entry that the store does
+	// not read (a later release's format, another program's value): the
+	// key is not decided, and the value is never written over. Fatal: it
+	// stays until an operator acts (docs/operations.md).
+	ErrEntryUnreadable = errors.New("unreadable entry")
+
 	// ErrFenced is returned for a completion whose owner token no longer
 	// owns the key: another worker took the lease over. The stale owner
 	// must drop its work without committing offsets.

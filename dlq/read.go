@@ -44,8 +44,10 @@ func RecordAt(ctx context.Context, r Reader, pos Position) (dedupe.Record, error
 		// Offsets skipped by compaction, or a transaction marker.
 		return dedupe.Record{}, fmt.Errorf("%s: %w: no record at that offset (compacted, or a transaction marker)", pos, ErrGone)
 	}
-	f := recs[0]
-	return dedupe.Record{Topic: pos.Topic, Partition: pos.Partition, Offset: f.Offset, Time: f.Time,
+	// A redrive keeps it until it is sent back: in memory of its own, not
+	// its fetch's blocks.
+	f := recs[0].Own()
+	return dedupe.Record{Topic: pos.Topic, Partition: pos.Partition, Offset: recs[0].Offset, Time: recs[0].Time,
 		Key: f.Key, Value: f.Value, Headers: f.Headers}, nil
 }
 

@@ -315,6 +315,16 @@ func (g *Guard) unavailable(w http.ResponseWriter, err error) {
 		"the request was not passed on; retry it with the same key").write(w, g.route.RetryAfter.D())
 }
 
+// storeRefused answers a decision the store refused for good (a value at
+// the key's entry it does not read, a command its ACL refuses): a retry
+// gets the same answer until an operator acts, so no Retry-After.
+func (g *Guard) storeRefused(w http.ResponseWriter, err error) {
+	g.log.Error("store refused the decision: request refused before the upstream was called", "route", g.route.Name, "err", err)
+	g.count(OutcomeStoreRefused)
+	newProblem(http.StatusInternalServerError, "IDEMPOTENCY_STORE_REFUSED", "store-refused", "Idempotency store refused the key",
+		"the request was not passed on; the store cannot decide this key until an operator acts").write(w, 0)
+}
+
 // decide asks the store, and while another request holds the key waits
 // for it up to pending_timeout (polling with backoff); still held, the
 // client is answered 409 with Retry-After, as the article asks.
@@ -330,7 +340,11 @@ func (g *Guard) decide(w http.ResponseWriter, q *request) (dedupe.Outcome, bool)
 			// its own token), so that a retry need not wait out a lease.
 			_, _ = g.store.Complete(q.store, []dedupe.Completion{{Namespace: g.policy.Pipeline, Key: q.key,
 				Owner: dedupe.Owner{Holder: q.holder, Source: q.rec.Source()}, State: dedupe.Pending}})
-			g.unavailable(w, err)
+			if dedupe.IsRetryable(err) {
+				g.unavailable(w, err)
+			} else {
+				g.storeRefused(w, err)
+			}
 			return dedupe.Outcome{}, false
 		}
 		o := outs[0]

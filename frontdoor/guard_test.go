@@ -483,3 +483,41 @@ func fingerprint(t *testing.T, cfg *schemas.Config, body string) string {
 func rulesDigest(t *testing.T, cfg *schemas.Config) string {
 	return canonicalizer(t, cfg).RulesDigest()
 }
+
+// A key whose entry holds a value the store does not read (a later
+// release's format) is refused 500 for good, without Retry-After and
+// without calling the upstream; the value is left as it was, and the
+// metric says store_refused.
+func TestUnreadableEntryIsRefusedForGood(t *testing.T) {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := fmt.Sprintf("fdu%d", time.Now().UnixNano())
+	reg := prometheus.NewRegistry()
+	up := &upstream{}
+	h := guard(t, config(t, ""), redisstore.New(client, prefix), reg).Wrap(up)
+	if r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`); r.status != http.StatusCreated {
+		t.Fatalf("first request: %d %s", r.status, r.body)
+	}
+	names, err := client.Keys(ctx, prefix+":{*").Result()
+	if err != nil || len(names) != 1 {
+		t.Fatalf("entries of the prefix: %v, %v; want one", names, err)
+	}
+	const later = "\x00\x01a later release's entry"
+	if err := client.Set(ctx, names[0], later, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := post(t, h, "/api/coupon/claim", key1, `{"amount":50}`)
+	if r.status != http.StatusInternalServerError || problemOf(t, r)["code"] != "IDEMPOTENCY_STORE_REFUSED" || r.header.Get("Retry-After") != "" {
+		t.Errorf("retry over an unreadable entry: %d %v %s, want 500 IDEMPOTENCY_STORE_REFUSED without Retry-After", r.status, r.header, r.body)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Errorf("the upstream was called %d times, want once", n)
+	}
+	if got, _ := client.Get(ctx, names[0]).Result(); got != later {
+		t.Errorf("the entry became %q, want it unchanged", got)
+	}
+	if got := testutil.ToFloat64(counter(t, reg, frontdoor.OutcomeStoreRefused)); got != 1 {
+		t.Errorf("store_refused = %v, want 1", got)
+	}
+}

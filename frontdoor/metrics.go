@@ -19,6 +19,7 @@ const (
 	OutcomeInterrupted      = "interrupted"       // a key taken over from a stopped holder with nothing kept
 	OutcomeUnguarded        = "unguarded"         // no key, key_required false: passed on as it came
 	OutcomeStoreUnavailable = "store_unavailable" // 503: the store did not answer; the upstream was not called
+	OutcomeStoreRefused     = "store_refused"     // 500: the store answered that it cannot decide the key; the upstream was not called
 )
 
 // Metrics are the front door's collectors; one set serves every route.

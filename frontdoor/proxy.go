@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemstream/idemstream/dedupe"
 	"github.com/idemstream/idemstream/schemas"
 )
 
@@ -89,7 +90,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.mux.ServeH
 func (p *Proxy) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, _, err := p.store.Lookup(ctx, "idemstream-readyz", "probe"); err != nil {
+	// An unreadable value at the probe's name is still an answer.
+	if _, _, err := p.store.Lookup(ctx, "idemstream-readyz", "probe"); err != nil && !errors.Is(err, dedupe.ErrEntryUnreadable) {
 		return fmt.Errorf("store: %w", err)
 	}
 	// A store that forgot decisions refuses every decision until the loss

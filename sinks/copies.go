@@ -30,8 +30,12 @@ type fetchCopies struct {
 	headers []dedupe.Header
 }
 
-// take returns n bytes of a block (a fresh slice, cap n).
+// take returns n bytes of a block (a fresh slice, cap n), never nil: an
+// empty key or value stays empty, not null.
 func (c *fetchCopies) take(n int) []byte {
+	if n == 0 {
+		return []byte{}
+	}
 	if n > copyBlock/4 {
 		return make([]byte, n)
 	}
@@ -113,6 +117,10 @@ func (c *fetchCopies) fromKafka(hs []kafka.Header) []dedupe.Header {
 // reads copied every record about twice.
 var fetchedScratch = sync.Pool{New: func() any { return new([]Fetched) }}
 
+// maxPooledFetch bounds the scratch slices kept: a 4 MiB fetch of 1 KB
+// records fits.
+const maxPooledFetch = 8192
+
 // drain reads a record set, skipping records before from (a fetch returns
 // whole batches).
 func drain(rr kafka.RecordReader, from int64) ([]Fetched, error) {
@@ -122,6 +130,9 @@ func drain(rr kafka.RecordReader, from int64) ([]Fetched, error) {
 	sp := fetchedScratch.Get().(*[]Fetched)
 	scratch := (*sp)[:0]
 	defer func() {
+		if cap(scratch) > maxPooledFetch {
+			return // a fetch of many small records: not kept
+		}
 		clear(scratch) // the pool must not keep the records alive
 		*sp = scratch[:0]
 		fetchedScratch.Put(sp)

@@ -85,3 +85,40 @@ func TestDrainedRecordsShareBlocksApart(t *testing.T) {
 		t.Errorf("empty key and null value = %v, %v; want empty and nil", out[2].Key, out[2].Value)
 	}
 }
+
+// The first record of a fetch, before any block exists, keeps an empty
+// key and value empty, not null: a null value is a tombstone.
+func TestDrainKeepsEmptyApartFromNull(t *testing.T) {
+	recs := []kafka.Record{
+		{Offset: 0, Key: kafka.NewBytes([]byte{}), Value: kafka.NewBytes([]byte{})},
+		{Offset: 1, Key: nil, Value: kafka.NewBytes([]byte{})},
+		{Offset: 2, Key: kafka.NewBytes([]byte{}), Value: nil},
+	}
+	out, err := drain(kafka.NewRecordReader(recs...), 0)
+	if err != nil || len(out) != 3 {
+		t.Fatalf("drain = %d records, %v", len(out), err)
+	}
+	for i, want := range []struct{ keyNil, valueNil bool }{{false, false}, {true, false}, {false, true}} {
+		if got := (out[i].Key == nil); got != want.keyNil || len(out[i].Key) != 0 {
+			t.Errorf("record %d: key %#v, want nil %v", i, out[i].Key, want.keyNil)
+		}
+		if got := (out[i].Value == nil); got != want.valueNil || len(out[i].Value) != 0 {
+			t.Errorf("record %d: value %#v, want nil %v", i, out[i].Value, want.valueNil)
+		}
+	}
+}
+
+// Own copies everything a record holds: changing the fetch's memory
+// afterwards changes nothing in it, and null stays apart from empty.
+func TestOwnSharesNothing(t *testing.T) {
+	m := Message{Key: []byte("k"), Value: []byte("v"), Headers: []dedupe.Header{{Key: "a", Value: []byte("x")}, {Key: "empty"}}}
+	o := m.Own()
+	m.Key[0], m.Value[0], m.Headers[0].Value[0] = 'K', 'V', 'X'
+	m.Headers[0].Key = "changed"
+	if string(o.Key) != "k" || string(o.Value) != "v" || o.Headers[0].Key != "a" || string(o.Headers[0].Value) != "x" || o.Headers[1].Value != nil {
+		t.Errorf("Own = %q %q %q", o.Key, o.Value, o.Headers)
+	}
+	if e := (Message{Key: []byte{}}).Own(); e.Key == nil || e.Value != nil || e.Headers != nil {
+		t.Errorf("Own of an empty key and a null value = %#v", e)
+	}
+}

@@ -14,6 +14,30 @@ type Message struct {
 	Headers   []dedupe.Header
 }
 
+// Own returns m with its key, value and headers copied into memory of
+// their own. A fetched record shares blocks with the rest of its fetch;
+// one kept longer than its fetch (a stored result for a reply, a dead
+// letter to send back) would keep them all.
+func (m Message) Own() Message {
+	if m.Key != nil {
+		m.Key = append([]byte{}, m.Key...)
+	}
+	if m.Value != nil {
+		m.Value = append([]byte{}, m.Value...)
+	}
+	if m.Headers != nil {
+		hs := make([]dedupe.Header, len(m.Headers))
+		for i, h := range m.Headers {
+			hs[i].Key = h.Key
+			if h.Value != nil {
+				hs[i].Value = append([]byte{}, h.Value...)
+			}
+		}
+		m.Headers = hs
+	}
+	return m
+}
+
 // Written is where a message landed.
 type Written struct {
 	Partition int

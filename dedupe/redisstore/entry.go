@@ -43,6 +43,9 @@ func parseDecision(now any, rep []any, c readContext) (dedupe.Decision, error) {
 	case "pending":
 		d.Verdict = dedupe.VerdictPending
 	case "error":
+		if msg := str(rep[2]); strings.Contains(msg, unreadableText) {
+			return d, fmt.Errorf("%w: %s", dedupe.ErrEntryUnreadable, msg)
+		}
 		return d, errors.New(str(rep[2]))
 	default:
 		return d, fmt.Errorf("unknown verdict %q", v)
@@ -77,6 +80,10 @@ func parseEntry(now, raw any, c readContext) (dedupe.Entry, error) {
 	}
 	return decodeEntry(nowMs, str(raw), c)
 }
+
+// unreadableText is in entry.lua's error for a value it does not read
+// (unreadable).
+const unreadableText = "is not one this release reads"
 
 // decodeEntry decodes a stored entry, in either format, read at nowMs on
 // the server's clock under c (see readContext).

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/idemstream/idemstream/dedupe"
 )
@@ -17,8 +18,12 @@ func (s *Store) Lookup(ctx context.Context, namespace, key string) (dedupe.Entry
 		var err error
 		name := s.redisKey(namespace, key)
 		e, err = parseEntry(rep[0], rep[1], readContext{name: name, topics: s.topics, digests: s.digests})
-		found = err == nil && e.Key == key && e.Now.Before(e.RetainUntil())
-		return err
+		if err != nil {
+			return fmt.Errorf("%w: entry %s %s (a later release wrote it, or it is not an idemstream entry): %w",
+				dedupe.ErrEntryUnreadable, name, unreadableText, err)
+		}
+		found = e.Key == key && e.Now.Before(e.RetainUntil())
+		return nil
 	})
 	if err != nil || !found {
 		return dedupe.Entry{}, false, err
