@@ -447,7 +447,7 @@ func (r *results) renew(ctx context.Context, fcs []*firstCopy) error {
 // result's offset, or FAILED. Only the owner token may; a refusal means
 // another worker took a key over, and the batch must not commit.
 func (r *results) complete(ctx context.Context) error {
-	var comps []dedupe.Completion
+	comps := make([]dedupe.Completion, 0, len(r.firsts))
 	for _, fc := range r.firsts {
 		switch fc.stage {
 		case stageFound, stageWritten:
