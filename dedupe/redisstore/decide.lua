@@ -11,7 +11,9 @@
 --          the store clock), final ("0" or "1", plus 2 when the caller
 --          checked the first copy under the current rules: "2", "3";
 --          or "r" for a renewal)
--- returns  {now ms, then per record: verdict, flags, entry} where flags is
+-- returns  {now ms, then per record: verdict, flags, entry} where verdict
+--          is first, replay, conflict, pending, unreadable (a value load
+--          does not read, left as it is) or error, and flags is
 --          a string of four digits: resumed, rerun, mismatch, rules changed,
 --          and entry is "" for a new entry (the caller rebuilds it)
 local sem, window, lease, holder, rd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
@@ -28,7 +30,7 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
   -- lease its owner holds, and changes nothing else.
   if final == 'r' then
     local e, raw = load(name, ctx)
-    if not e and raw then return 'error', '0000', unreadable(name) end
+    if not e and raw then return 'unreadable', '0000', '' end
     if e and e.k == key and e.s == 'PENDING' and e.oh == holder and e.os == source and now < retain_until(e) then
       e.lu = lu
       return 'first', '1000', save(name, e)
@@ -45,7 +47,7 @@ local function decide(name, key, fp, source, ip, ifl, event, final)
   end
 
   local e, raw = load(name, ctx)
-  if not e and raw then return 'error', '0000', unreadable(name) end
+  if not e and raw then return 'unreadable', '0000', '' end
   if e then
     if e.k ~= key then
       return 'error', '0000', 'entry ' .. name .. ' holds another key'

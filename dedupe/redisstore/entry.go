@@ -42,10 +42,9 @@ func parseDecision(now any, rep []any, c readContext) (dedupe.Decision, error) {
 		d.Verdict = dedupe.VerdictConflict
 	case "pending":
 		d.Verdict = dedupe.VerdictPending
+	case "unreadable":
+		return d, unreadableEntry(c.name, errNotEntry)
 	case "error":
-		if msg := str(rep[2]); strings.Contains(msg, unreadableText) {
-			return d, fmt.Errorf("%w: %s", dedupe.ErrEntryUnreadable, msg)
-		}
 		return d, errors.New(str(rep[2]))
 	default:
 		return d, fmt.Errorf("unknown verdict %q", v)
@@ -81,9 +80,13 @@ func parseEntry(now, raw any, c readContext) (dedupe.Entry, error) {
 	return decodeEntry(nowMs, str(raw), c)
 }
 
-// unreadableText is in entry.lua's error for a value it does not read
-// (unreadable).
-const unreadableText = "is not one this release reads"
+// unreadableEntry is the error of a key whose entry holds a value this
+// release does not read: deciding it would write over what a later
+// release may need (entry.lua, load).
+func unreadableEntry(name string, cause error) error {
+	return fmt.Errorf("%w: entry %s is not one this release reads (a later release wrote it, or it is not an idemstream entry): its key is not decided: %w",
+		dedupe.ErrEntryUnreadable, name, cause)
+}
 
 // decodeEntry decodes a stored entry, in either format, read at nowMs on
 // the server's clock under c (see readContext).

@@ -198,7 +198,7 @@ end
 -- load reads the entry stored at name: (entry, raw), or (nil, nil) when
 -- there is none, or (nil, raw) when the value stored there is no entry this
 -- release reads (a later release's format, or not idemstream's). Such a
--- value is never written over: the caller refuses the record (unreadable).
+-- value is never written over: decide answers the verdict 'unreadable'.
 local function load(name, ctx)
   local raw = redis.call('GET', name)
   if not raw then return nil, nil end
@@ -217,12 +217,6 @@ local function load(name, ctx)
   end
   e.k = string.sub(raw, pos)
   return e, raw
-end
-
--- unreadable is the error of a record whose key holds a value load does
--- not read: deciding it would write over what a later release may need.
-local function unreadable(name)
-  return 'entry ' .. name .. ' is not one this release reads (a later release wrote it, or it is not an idemstream entry): its key is not decided'
 end
 
 local function retain_until(e)

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/idemstream/idemstream/dedupe"
 )
@@ -19,8 +18,7 @@ func (s *Store) Lookup(ctx context.Context, namespace, key string) (dedupe.Entry
 		name := s.redisKey(namespace, key)
 		e, err = parseEntry(rep[0], rep[1], readContext{name: name, topics: s.topics, digests: s.digests})
 		if err != nil {
-			return fmt.Errorf("%w: entry %s %s (a later release wrote it, or it is not an idemstream entry): %w",
-				dedupe.ErrEntryUnreadable, name, unreadableText, err)
+			return unreadableEntry(name, err)
 		}
 		found = e.Key == key && e.Now.Before(e.RetainUntil())
 		return nil
