@@ -139,17 +139,8 @@ func (s *Store) completeCAS(ctx context.Context, node *redis.Client, comps []ded
 			redo = append(redo, i)
 		}
 	}
-	cc := make([]dedupe.Completion, len(redo))
-	cn := make([]string, len(redo))
-	for j, i := range redo {
-		cc[j], cn[j] = comps[i], names[i]
-	}
-	ce, err := s.completeScripted(ctx, cc, cn)
-	if err != nil {
+	if err := s.redoScripted(ctx, comps, names, redo, errs); err != nil {
 		return nil, err
-	}
-	for j, i := range redo {
-		errs[i] = ce[j]
 	}
 	return errs, nil
 }

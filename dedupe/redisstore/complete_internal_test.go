@@ -38,10 +38,15 @@ func pendingReq(key, holder string, offset int, lease time.Duration) dedupe.Deci
 // its EXEC, EXEC must do nothing and complete.lua must decide the
 // transaction's completions again: the taken key's completion is fenced,
 // the others of its transaction and of the other transactions succeed.
+// The transaction that fails shares its round trip with the next one's
+// WATCH and reads on the same connection, which must go on unharmed; and
+// n transactions on c connections take n+c round trips.
 func TestCompleteFallsBackToTheScriptWhenAnEntryChanges(t *testing.T) {
-	s, _ := storeOn(t, &redis.Options{Addr: testenv.RedisAddr(t)}, "fallback")
+	s, c := storeOn(t, &redis.Options{Addr: testenv.RedisAddr(t)}, "fallback")
+	var roundTrips watchRoundTrips
+	c.AddHook(&roundTrips)
 	ctx := context.Background()
-	const n = 2*watchChunk + 5 // three transactions
+	const n = 6*watchChunk + 5 // seven transactions, on three connections
 	var mine []dedupe.DecideRequest
 	for i := range n {
 		r := pendingReq(fmt.Sprintf("k%03d", i), "holder-a", i, time.Second)
@@ -51,7 +56,9 @@ func TestCompleteFallsBackToTheScriptWhenAnEntryChanges(t *testing.T) {
 	if _, err := s.Decide(ctx, mine); err != nil {
 		t.Fatal(err)
 	}
-	taken := mine[watchChunk+3] // in the second transaction
+	// In the fourth transaction: the first connection's second, whose
+	// round trip carries the seventh's WATCH and reads.
+	taken := mine[3*watchChunk+3]
 	takenName := s.redisKey("p", taken.Key)
 	var mu sync.Mutex
 	var execs, takeovers int
@@ -78,12 +85,16 @@ func TestCompleteFallsBackToTheScriptWhenAnEntryChanges(t *testing.T) {
 		comps = append(comps, dedupe.Completion{Namespace: "p", Key: r.Key, Owner: r.Owner, State: dedupe.Success,
 			Result: dedupe.ResultRef{Partition: 1, Offset: int64(i)}})
 	}
+	roundTrips.n.Store(0)
 	errs, err := s.Complete(ctx, comps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if execs != 3 || takeovers != 1 {
-		t.Fatalf("%d transactions, %d takeovers; want 3 and 1", execs, takeovers)
+	if execs != 7 || takeovers != 1 {
+		t.Fatalf("%d transactions, %d takeovers; want 7 and 1", execs, takeovers)
+	}
+	if got, want := roundTrips.n.Load(), int64(7+watchParallel); got != want {
+		t.Errorf("%d round trips with a WATCH or an EXEC, want %d", got, want)
 	}
 	for i, err := range errs {
 		if fenced := comps[i].Key == taken.Key; fenced != errors.Is(err, dedupe.ErrFenced) || (!fenced && err != nil) {
@@ -100,6 +111,156 @@ func TestCompleteFallsBackToTheScriptWhenAnEntryChanges(t *testing.T) {
 		} else if e.State != dedupe.Success || e.Result.Offset != int64(i) {
 			t.Errorf("%s: %+v, want SUCCESS at %d", comps[i].Key, e, i)
 		}
+	}
+}
+
+// A connection runs its transactions in a row without looking at the
+// call's context, so the store must: a call cancelled during its first
+// transactions writes no more than the ones whose round trips were under
+// way, and leaves no WATCH behind.
+func TestCompleteStopsBetweenTransactionsWhenItsContextEnds(t *testing.T) {
+	s, c := storeOn(t, &redis.Options{Addr: testenv.RedisAddr(t), PoolSize: watchParallel}, "cancel")
+	const n = 6*watchChunk + 5 // seven transactions, on three connections
+	reqs, comps := watchedBatch(t, s, n)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s.hooks.beforeExec = func([]string) { cancel() }
+	if _, err := s.Complete(ctx, comps); !errors.Is(err, context.Canceled) {
+		t.Fatalf("complete: %v, want the context's end", err)
+	}
+	done := 0
+	for _, r := range reqs {
+		e, ok, err := s.Lookup(context.Background(), "p", r.Key)
+		if err != nil || !ok {
+			t.Fatalf("lookup %s: %v %v", r.Key, ok, err)
+		}
+		if e.State == dedupe.Success {
+			done++
+		}
+	}
+	// Each connection may finish the transaction it was sending.
+	if done > watchParallel*watchChunk {
+		t.Errorf("%d completions written after the context ended, want at most %d", done, watchParallel*watchChunk)
+	}
+	assertNoWatchLeft(t, c, s)
+}
+
+// A transaction with nothing to write in the middle of a row (every
+// completion in it refused) sends UNWATCH before the next one's WATCH:
+// its keys changing afterwards must not make the next EXEC fail.
+func TestCompleteUnwatchesATransactionWithNothingToWrite(t *testing.T) {
+	s, c := storeOn(t, &redis.Options{Addr: testenv.RedisAddr(t)}, "midrow")
+	var counts watchRoundTrips
+	c.AddHook(&counts)
+	other := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t)})
+	defer other.Close()
+	ctx := context.Background()
+	const n = 6*watchChunk + 5
+	_, comps := watchedBatch(t, s, n)
+	// The fourth transaction, the first connection's second, is refused.
+	for i := 3 * watchChunk; i < 4*watchChunk; i++ {
+		comps[i].Owner = dedupe.Owner{Holder: "someone-else", Source: "in/9/9"}
+	}
+	refused := s.redisKey("p", comps[3*watchChunk].Key)
+	var execs []string
+	var mu sync.Mutex
+	s.hooks.beforeExec = func(names []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		execs = append(execs, names[0])
+		if names[0] == s.redisKey("p", comps[6*watchChunk].Key) {
+			// Between the seventh's read and its EXEC, a key of the
+			// refused transaction changes.
+			if err := other.PExpire(ctx, refused, time.Hour).Err(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	errs, err := s.Complete(ctx, comps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(execs) != 6 {
+		t.Errorf("%d transactions sent an EXEC, want 6", len(execs))
+	}
+	if n := counts.scripts.Load(); n != 0 {
+		t.Errorf("%d script calls: an EXEC failed for a key its transaction never read", n)
+	}
+	for i, err := range errs {
+		if refusedOne := i >= 3*watchChunk && i < 4*watchChunk; refusedOne != errors.Is(err, dedupe.ErrFenced) {
+			t.Errorf("completion %d: %v, want fenced %v", i, err, refusedOne)
+		}
+	}
+	assertNoWatchLeft(t, c, s)
+}
+
+// watchedBatch decides n keys for holder a (each on the SET NX path) and
+// returns the requests and their completions as SUCCESS.
+func watchedBatch(t *testing.T, s *Store, n int) ([]dedupe.DecideRequest, []dedupe.Completion) {
+	t.Helper()
+	var reqs []dedupe.DecideRequest
+	for i := range n {
+		reqs = append(reqs, pendingReq(fmt.Sprintf("k%03d", i), "holder-a", i, time.Minute))
+	}
+	if _, err := s.Decide(context.Background(), reqs); err != nil {
+		t.Fatal(err)
+	}
+	comps := make([]dedupe.Completion, n)
+	for i, r := range reqs {
+		comps[i] = dedupe.Completion{Namespace: "p", Key: r.Key, Owner: r.Owner, State: dedupe.Success,
+			Result: dedupe.ResultRef{Partition: 0, Offset: int64(i)}, KeepAtLeast: time.Minute}
+	}
+	return reqs, comps
+}
+
+// assertNoWatchLeft runs a transaction on every pooled connection of c
+// while another client changes a key the store's completions watched: a
+// WATCH left on a connection would fail it.
+func assertNoWatchLeft(t *testing.T, c *redis.Client, s *Store) {
+	t.Helper()
+	ctx := context.Background()
+	other := redis.NewClient(&redis.Options{Addr: c.Options().Addr})
+	defer other.Close()
+	for i := range 6*watchChunk + 5 {
+		if err := other.PExpire(ctx, s.redisKey("p", fmt.Sprintf("k%03d", i)), 2*time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conns := make([]*redis.Conn, c.PoolStats().TotalConns)
+	for i := range conns {
+		conns[i] = c.Conn()
+		defer conns[i].Close()
+		_, err := conns[i].TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, s.redisKey("p", "unrelated"), "v", time.Minute)
+			return nil
+		})
+		if errors.Is(err, redis.TxFailedErr) {
+			t.Errorf("a WATCH stayed on pooled connection %d", i)
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// watchRoundTrips counts the round trips that carry a WATCH or an EXEC,
+// and the scripts run.
+type watchRoundTrips struct{ n, scripts atomic.Int64 }
+
+func (h *watchRoundTrips) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *watchRoundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *watchRoundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		counted := false
+		for _, c := range cmds {
+			switch name := c.Name(); {
+			case (name == "watch" || name == "exec") && !counted:
+				h.n.Add(1)
+				counted = true
+			case name == "evalsha" || name == "eval":
+				h.scripts.Add(1)
+			}
+		}
+		return next(ctx, cmds)
 	}
 }
 
@@ -307,8 +468,8 @@ func TestCompleteLeavesNoWatchOnItsConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Another client changes an entry the completion watched; a
-		// transaction that watches nothing, on the pooled connection (the
-		// way completeChunk takes one), must still run.
+		// transaction that watches nothing, on the pooled connection,
+		// must still run.
 		if err := other.Set(ctx, s.redisKey("p", "k3"), "changed", time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
