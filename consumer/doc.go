@@ -122,11 +122,12 @@
 //     the old result and leave a new request unhandled. The new format
 //     would need a release that reads it before any release writes it.
 //
-// docs/design.md gives the two shapes in full, a third with a ledger of
-// open attempts and what two reviews found it still needs before it is
-// built, and what the per-key completion costs: measured by skipping it,
-// Redis's CPU per record halves (on Valkey it falls by a third) and the
-// consumer's falls by a tenth to a fifth.
+// docs/design.md gives the two shapes in full, what the per-key
+// completion costs (measured by skipping it, Redis's CPU per record
+// halves, on Valkey it falls by a third, and the consumer's falls by a
+// tenth to a fifth), and a later shape that keeps the attempt inside the
+// Redis store, with its measured cost and the ordered list of what a
+// review found it must hold before it is built.
 //
 // # Where it can stop, and what the next owner finds
 //
