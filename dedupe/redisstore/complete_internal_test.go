@@ -142,7 +142,7 @@ func TestCompleteStopsBetweenTransactionsWhenItsContextEnds(t *testing.T) {
 	if done > watchParallel*watchChunk {
 		t.Errorf("%d completions written after the context ended, want at most %d", done, watchParallel*watchChunk)
 	}
-	assertNoWatchLeft(t, c, s)
+	assertNoWatchLeft(t, c, s, reqs)
 }
 
 // A transaction with nothing to write in the middle of a row (every
@@ -156,7 +156,7 @@ func TestCompleteUnwatchesATransactionWithNothingToWrite(t *testing.T) {
 	defer other.Close()
 	ctx := context.Background()
 	const n = 6*watchChunk + 5
-	_, comps := watchedBatch(t, s, n)
+	reqs, comps := watchedBatch(t, s, n)
 	// The fourth transaction, the first connection's second, is refused.
 	for i := 3 * watchChunk; i < 4*watchChunk; i++ {
 		comps[i].Owner = dedupe.Owner{Holder: "someone-else", Source: "in/9/9"}
@@ -191,7 +191,7 @@ func TestCompleteUnwatchesATransactionWithNothingToWrite(t *testing.T) {
 			t.Errorf("completion %d: %v, want fenced %v", i, err, refusedOne)
 		}
 	}
-	assertNoWatchLeft(t, c, s)
+	assertNoWatchLeft(t, c, s, reqs)
 }
 
 // watchedBatch decides n keys for holder a (each on the SET NX path) and
@@ -214,15 +214,15 @@ func watchedBatch(t *testing.T, s *Store, n int) ([]dedupe.DecideRequest, []dedu
 }
 
 // assertNoWatchLeft runs a transaction on every pooled connection of c
-// while another client changes a key the store's completions watched: a
-// WATCH left on a connection would fail it.
-func assertNoWatchLeft(t *testing.T, c *redis.Client, s *Store) {
+// after another client changed every key of reqs: a WATCH the store's
+// completions left on a connection would fail it.
+func assertNoWatchLeft(t *testing.T, c *redis.Client, s *Store, reqs []dedupe.DecideRequest) {
 	t.Helper()
 	ctx := context.Background()
 	other := redis.NewClient(&redis.Options{Addr: c.Options().Addr})
 	defer other.Close()
-	for i := range 6*watchChunk + 5 {
-		if err := other.PExpire(ctx, s.redisKey("p", fmt.Sprintf("k%03d", i)), 2*time.Hour).Err(); err != nil {
+	for _, r := range reqs {
+		if err := other.PExpire(ctx, s.redisKey("p", r.Key), 2*time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -111,8 +111,8 @@ func watchedChunks(comps []dedupe.Completion, names []string) []*watchedChunk {
 // goes back to the pool, where other partitions' calls wait for it.
 const watchRow = 8
 
-// runWatched runs chunks in rows of up to watchRow, each on a connection
-// of its own. A call whose context ends stops before its next round
+// runWatched runs chunks in rows of up to watchRow, each row on a
+// connection of its own. A call whose context ends stops before its next round
 // trip: the connection is held, so nothing else would look.
 func (s *Store) runWatched(ctx context.Context, node *redis.Client, chunks []*watchedChunk) error {
 	for start := 0; start < len(chunks); start += watchRow {
@@ -165,17 +165,9 @@ type chunkRead struct {
 	mget []any // the names as MGET took them, for the SETs to take too
 }
 
-// chunkWrite is a transaction's writes, built on a pooled buffer that
-// goes back once they are sent.
-type chunkWrite struct {
-	c    *watchedChunk
-	sets []redis.Cmder
-	bp   *[]byte
-}
-
 // plan decides the completions of read's transaction and builds the
-// writes of the entries that change; nil when none does.
-func (w *watchConn) plan(ctx context.Context, c *watchedChunk, read *chunkRead) *chunkWrite {
+// transaction that writes the entries that change; nil when none does.
+func (w *watchConn) plan(ctx context.Context, c *watchedChunk, read *chunkRead) *execCmds {
 	order, latest := w.s.planCompletions(c.comps, c.names, read.vals, read.now, c.errs)
 	if len(order) == 0 {
 		return nil
@@ -190,27 +182,27 @@ func (w *watchConn) plan(ctx context.Context, c *watchedChunk, read *chunkRead) 
 		sets[j] = redis.NewCmd(ctx, "SET", read.mget[1+i], buf[start:len(buf):len(buf)], "PXAT", e.RetainUntil().UnixMilli())
 	}
 	*bp = buf
-	return &chunkWrite{c: c, sets: sets, bp: bp}
+	marker, want := w.s.markerGet(ctx)
+	return &execCmds{c: c, multi: redis.NewCmd(ctx, "MULTI"), queued: append(sets, marker),
+		exec: redis.NewCmd(ctx, "EXEC"), want: want, bp: bp}
 }
 
-// roundTrip sends write's transaction (MULTI, its SETs, the marker's GET,
+// roundTrip sends the transaction tx (MULTI, its SETs, the marker's GET,
 // EXEC) and the WATCH and reads of next, in one round trip, and returns
-// what was read for next (nil without next). Without writes it sends
-// UNWATCH in their place when a WATCH may be left on the connection.
-func (w *watchConn) roundTrip(ctx context.Context, write *chunkWrite, next *watchedChunk) (*chunkRead, error) {
-	if write == nil && next == nil && !w.armed {
+// what was read for next (nil without next). Without a transaction it
+// sends UNWATCH in its place when a WATCH may be left on the connection.
+func (w *watchConn) roundTrip(ctx context.Context, tx *execCmds, next *watchedChunk) (*chunkRead, error) {
+	if tx == nil && next == nil && !w.armed {
 		return nil, nil
 	}
-	var tx *execCmds
-	if write != nil {
+	if tx != nil {
 		defer func() {
-			*write.bp = (*write.bp)[:0]
-			valueBuffers.Put(write.bp)
+			*tx.bp = (*tx.bp)[:0]
+			valueBuffers.Put(tx.bp)
 		}()
 		if w.s.hooks.beforeExec != nil {
-			w.s.hooks.beforeExec(write.c.names)
+			w.s.hooks.beforeExec(tx.c.names)
 		}
-		tx = w.s.newExec(ctx, write)
 	}
 	var rd *readCmds
 	if next != nil {
@@ -248,19 +240,15 @@ func (w *watchConn) roundTrip(ctx context.Context, write *chunkWrite, next *watc
 	return rd.result()
 }
 
-// execCmds is a transaction's commands in a round trip.
+// execCmds is a transaction's commands in a round trip. The SETs' values
+// are on a pooled buffer (bp), which goes back once they are sent.
 type execCmds struct {
 	c      *watchedChunk
 	multi  *redis.Cmd
 	queued []redis.Cmder // the SETs and the marker's GET, answered QUEUED
 	exec   *redis.Cmd
 	want   string // the marker's armed value
-}
-
-func (s *Store) newExec(ctx context.Context, write *chunkWrite) *execCmds {
-	marker, want := s.markerGet(ctx)
-	return &execCmds{c: write.c, multi: redis.NewCmd(ctx, "MULTI"), queued: append(write.sets, marker),
-		exec: redis.NewCmd(ctx, "EXEC"), want: want}
+	bp     *[]byte
 }
 
 func (x *execCmds) queue(ctx context.Context, p redis.Pipeliner) {
