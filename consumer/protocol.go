@@ -171,7 +171,16 @@ func (r *results) decide(ctx context.Context) error {
 // them.
 func (r *results) track(outs []dedupe.Outcome, nOut int) {
 	old := r.byRec
-	r.byRec, r.firsts = map[int]*firstCopy{}, r.firsts[:0]
+	r.byRec, r.firsts = make(map[int]*firstCopy, len(old)+len(outs)), r.firsts[:0]
+	// The attempt's first copies in one array: one allocation, not one
+	// each. A new array per attempt, as the older attempt's are kept.
+	n := 0
+	for i := range outs {
+		if outs[i].Kind == dedupe.OutcomeFirst {
+			n++
+		}
+	}
+	slab := make([]firstCopy, n)
 	for i := range r.recs {
 		var o *dedupe.Outcome
 		if i < len(outs) {
@@ -187,14 +196,16 @@ func (r *results) track(outs []dedupe.Outcome, nOut int) {
 		if o.Kind != dedupe.OutcomeFirst {
 			continue
 		}
-		fc := r.newFirstCopy(i, o, nOut)
+		fc := &slab[0]
+		slab = slab[1:]
+		*fc = r.firstCopyOf(i, o, nOut)
 		r.firsts = append(r.firsts, fc)
 		r.byRec[i] = fc
 	}
 }
 
-// newFirstCopy is the first copy of record i, decided first in o.
-func (r *results) newFirstCopy(i int, o *dedupe.Outcome, nOut int) *firstCopy {
+// firstCopyOf is the first copy of record i, decided first in o.
+func (r *results) firstCopyOf(i int, o *dedupe.Outcome, nOut int) firstCopy {
 	rec := &r.recs[i]
 	intent := o.Decision.Entry.Intent
 	if intent.Partition < 0 {
@@ -207,8 +218,19 @@ func (r *results) newFirstCopy(i int, o *dedupe.Outcome, nOut int) *firstCopy {
 			intent.Floor = f
 		}
 	}
-	return &firstCopy{rec: i, key: o.Key, owner: dedupe.Owner{Holder: r.holder, Source: rec.Source()},
+	return firstCopy{rec: i, key: o.Key, owner: dedupe.Owner{Holder: r.holder, Source: sameSource(rec, o.Decision.Entry.Owner.Source)},
 		resumed: o.Decision.Resumed, intent: intent, decision: o.Decision.Entry.DecisionID()}
+}
+
+// sameSource is rec.Source(), as named when named spells it: the decision
+// made the entry's owner from the same record, and a second copy of the
+// string would be an allocation per first copy.
+func sameSource(rec *dedupe.Record, named string) string {
+	var buf [80]byte
+	if string(rec.AppendSource(buf[:0])) == named {
+		return named
+	}
+	return rec.Source()
 }
 
 // Step 2b: a strict conflict against an entry made under other rules, on
@@ -251,7 +273,8 @@ func (r *results) checkRules(ctx context.Context) error {
 	for j, i := range idx {
 		r.outs[i] = outs[j]
 		if outs[j].Kind == dedupe.OutcomeFirst {
-			fc := r.newFirstCopy(i, &r.outs[i], r.floors.n)
+			fc := new(firstCopy)
+			*fc = r.firstCopyOf(i, &r.outs[i], r.floors.n)
 			r.firsts = append(r.firsts, fc)
 			r.byRec[i] = fc
 		}

@@ -54,8 +54,7 @@ type SchemaNamer interface {
 // text, with the coordinates of the schema it was decoded with, as the
 // decoder's own refusals are.
 func (c *Canonicalizer) withSchema(payload []byte, err error) error {
-	var se *SchemaError
-	if err == nil || c.dec == nil || errors.As(err, &se) {
+	if err == nil || c.dec == nil || hasSchema(err) {
 		return err
 	}
 	n, ok := c.dec.(SchemaNamer)
@@ -68,6 +67,14 @@ func (c *Canonicalizer) withSchema(payload []byte, err error) error {
 	}
 	ref.Err = err
 	return &ref
+}
+
+// hasSchema reports whether err carries a schema's coordinates. Apart
+// from withSchema so that its target, which escapes, is made only for an
+// error: withSchema runs for every payload.
+func hasSchema(err error) bool {
+	var se *SchemaError
+	return errors.As(err, &se)
 }
 
 // CanonicalScheme names the canonicalization algorithm. It is part of every

@@ -30,8 +30,13 @@ func (r Record) Source() string {
 	// Built in one buffer: every record needs it, and concatenating the
 	// formatted numbers allocates once per number as well.
 	var buf [80]byte
-	b := append(buf[:0], r.Topic...)
+	return string(r.AppendSource(buf[:0]))
+}
+
+// AppendSource appends the record's Source to b: comparing with a source
+// in hand then allocates nothing.
+func (r Record) AppendSource(b []byte) []byte {
+	b = append(b, r.Topic...)
 	b = strconv.AppendInt(append(b, '/'), int64(r.Partition), 10)
-	b = strconv.AppendInt(append(b, '/'), r.Offset, 10)
-	return string(b)
+	return strconv.AppendInt(append(b, '/'), r.Offset, 10)
 }

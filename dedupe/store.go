@@ -243,5 +243,8 @@ type Store interface {
 // recovery scan never takes the result of a key's previous window for the
 // result of this one.
 func (e *Entry) DecisionID() string {
-	return e.FirstSource + "@" + strconv.FormatInt(e.WindowStart.UnixMilli(), 10)
+	// In one allocation: every first copy's result carries it.
+	var buf [96]byte
+	b := append(append(buf[:0], e.FirstSource...), '@')
+	return string(strconv.AppendInt(b, e.WindowStart.UnixMilli(), 10))
 }

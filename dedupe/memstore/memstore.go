@@ -78,7 +78,7 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 			errs[i] = err
 			continue
 		}
-		s.entries[k] = next
+		s.entries[k] = &next
 	}
 	return errs, nil
 }

@@ -158,18 +158,19 @@ func (s *Store) writeCAS(ctx context.Context, node *redis.Client, names []string
 	if s.hooks.beforeCAS != nil {
 		s.hooks.beforeCAS(names)
 	}
-	sets := make([]*redis.Cmd, len(order))
+	sets := make([]*redis.StatusCmd, len(order))
+	args := newSetArgs(len(order), 2)
 	for j, i := range order {
 		e := latest[names[i]]
 		// IFEQ the value read or remembered: the same for every
 		// completion of a name.
-		was := vals[i]
+		was, ifeq := vals[i], vals[i]
 		if w, ok := was.(*writtenEntry); ok {
-			was = w.raw
+			was, ifeq = w.raw, &w.raw
 		}
 		start := len(buf)
 		buf = s.appendEntryOver(buf, e, was)
-		sets[j] = redis.NewCmd(ctx, "SET", names[i], buf[start:len(buf):len(buf)], "IFEQ", was, "PXAT", e.RetainUntil().UnixMilli())
+		sets[j] = redis.NewStatusCmd(ctx, args.add(&names[i], buf[start:len(buf):len(buf)], e.RetainUntil().UnixMilli(), "IFEQ", ifeq)...)
 	}
 	chunkErrs, err := s.sendCASChunks(ctx, node, sets)
 	if err != nil {
@@ -269,7 +270,7 @@ func doubted(names []string, vals []any, order []int, errs []error) bool {
 // IFEQ carries its entry twice. Each chunk reads the marker behind its
 // writes, on its connection; a marker that does not read the armed value
 // fails the call. It returns each chunk's pipeline error.
-func (s *Store) sendCASChunks(ctx context.Context, node *redis.Client, sets []*redis.Cmd) ([]error, error) {
+func (s *Store) sendCASChunks(ctx context.Context, node *redis.Client, sets []*redis.StatusCmd) ([]error, error) {
 	chunkErrs := make([]error, (len(sets)+casChunk-1)/casChunk)
 	markers := make([]*redis.StringCmd, len(chunkErrs))
 	var want string

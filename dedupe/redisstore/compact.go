@@ -112,14 +112,21 @@ type readContext struct {
 	holder string
 	rules  string
 	topic  string
+	// source is the reader's own source when it parses (topic, part,
+	// off): an entry that names it gets this string back, not a new one.
+	source    string
+	part, off uint64
 	// What the store was told to give back (WithSourceTopics,
 	// WithRulesDigests).
 	topics, digests []string
 }
 
 func (s *Store) readContext(name, holder, rules, source string) readContext {
-	topic, _, _, _ := splitSource(source)
-	return readContext{name: name, holder: holder, rules: rules, topic: topic, topics: s.topics, digests: s.digests}
+	c := readContext{name: name, holder: holder, rules: rules, topics: s.topics, digests: s.digests}
+	if topic, p, o, ok := splitSource(source); ok {
+		c.topic, c.source, c.part, c.off = topic, source, p, o
+	}
+	return c
 }
 
 // requestContext is the context of a decision's read.
@@ -427,16 +434,22 @@ func (r *compactReader) source(num bool, c readContext) string {
 		r.err = errNotEntry
 		return ""
 	}
+	if c.source != "" && p == c.part && o == c.off && sameHash(c.topic, h) {
+		// What topicOf and the numbers would spell: splitSource takes
+		// only canonical numbers, and topicOf tries c.topic first.
+		return c.source
+	}
 	return c.topicOf(h) + "/" + strconv.FormatUint(p, 10) + "/" + strconv.FormatUint(o, 10)
 }
 
 // rulesOf is the rules digest whose first 8 bytes are raw: the reader's,
 // one the store knows, or the text of those 8 bytes ("sha256:" and 16 hex
-// digits), made only then.
+// digits), made only then. The reader's may be that text already (a
+// completion passes the digest of the entry it read before).
 func (c readContext) rulesOf(raw string) string {
 	var buf [23]byte
 	rd := hex.AppendEncode(append(buf[:0], "sha256:"...), []byte(raw))
-	if len(c.rules) == 71 && c.rules[:23] == string(rd) {
+	if len(c.rules) == 71 && c.rules[:23] == string(rd) || c.rules == string(rd) {
 		return c.rules
 	}
 	for _, d := range c.digests {

@@ -176,17 +176,23 @@ func (s *Store) completeScripted(ctx context.Context, comps []dedupe.Completion,
 func (s *Store) planCompletions(comps []dedupe.Completion, names []string, vals []any, now time.Time, errs []error) ([]int, map[string]*dedupe.Entry) {
 	// latest is each entry as this batch leaves it, for a key
 	// completed twice in one call.
-	stored := make([]dedupe.Entry, len(comps))
+	// Each completion's entry as read (stored) and as it leaves it
+	// (after), in one array.
+	entries := make([]dedupe.Entry, 2*len(comps))
+	stored, after := entries[:len(comps)], entries[len(comps):]
 	latest := make(map[string]*dedupe.Entry, len(comps))
 	changed := make(map[string]bool, len(comps))
+	// rules is the digest of the entry read last: a batch's entries
+	// mostly share one, which is then not made again for each.
+	var rules string
 	var order []int // the first completion of each name to write
 	for i, c := range comps {
 		cur, seen := latest[names[i]]
 		if !seen {
 			switch v := vals[i].(type) {
 			case string:
-				if e, err := decodeEntry(now.UnixMilli(), v, s.readContext(names[i], c.Owner.Holder, "", c.Owner.Source)); err == nil {
-					stored[i] = e
+				if e, err := decodeEntry(now.UnixMilli(), v, s.readContext(names[i], c.Owner.Holder, rules, c.Owner.Source)); err == nil {
+					stored[i], rules = e, e.RulesDigest
 					cur = &stored[i]
 				}
 			case *writtenEntry:
@@ -207,13 +213,14 @@ func (s *Store) planCompletions(comps []dedupe.Completion, names []string, vals 
 			errs[i] = err
 			continue
 		}
-		if *next != *cur {
+		if next != *cur {
 			if !changed[names[i]] {
 				order = append(order, i)
 			}
 			changed[names[i]] = true
+			after[i] = next
+			latest[names[i]] = &after[i]
 		}
-		latest[names[i]] = next
 	}
 	return order, latest
 }

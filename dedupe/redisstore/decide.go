@@ -133,11 +133,9 @@ func (b *fastBatch) run(ctx context.Context) error {
 // in the batch.
 func (b *fastBatch) setNX(ctx context.Context) (existing, later []int, err error) {
 	seen := make(map[string]struct{}, len(b.reqs))
-	fast := make([]*redis.Cmd, len(b.reqs))
-	// The arguments of every SET NX in one backing array: a command's
-	// own argument slice would be an allocation per record.
-	const setArgs = 6
-	args := make([]any, setArgs*len(b.reqs))
+	fast := make([]*redis.StatusCmd, len(b.reqs))
+	args := newSetArgs(len(b.reqs), 1)
+	vals := make([][]byte, len(b.reqs))
 	var fastCmds []redis.Cmder
 	var fastKeys []string
 	// One pooled buffer for every value of the batch: building these is
@@ -159,9 +157,8 @@ func (b *fastBatch) setNX(ctx context.Context) (existing, later []int, err error
 		b.out[i].Entry = newEntry(r, b.now)
 		start := len(buf)
 		buf = b.s.appendEntry(buf, &b.out[i].Entry)
-		a := args[setArgs*i : setArgs*(i+1) : setArgs*(i+1)]
-		a[0], a[1], a[2], a[3], a[4], a[5] = "SET", b.names[i], buf[start:len(buf):len(buf)], "NX", "PXAT", b.out[i].Entry.RetainUntil().UnixMilli()
-		fast[i] = redis.NewCmd(ctx, a...)
+		vals[i] = buf[start:len(buf):len(buf)]
+		fast[i] = redis.NewStatusCmd(ctx, args.add(&b.names[i], vals[i], b.out[i].Entry.RetainUntil().UnixMilli(), "NX")...)
 		fastCmds, fastKeys = append(fastCmds, fast[i]), append(fastKeys, b.names[i])
 	}
 	execErr, ackErr := b.s.roundTrips(ctx, "decide", fastKeys, fastCmds)
@@ -183,7 +180,7 @@ func (b *fastBatch) setNX(ctx context.Context) (existing, later []int, err error
 			b.out[i].Verdict = dedupe.VerdictFirst
 			b.known[b.names[i]] = &b.out[i].Entry
 			if remember {
-				b.s.written.put(b.names[i], args[setArgs*i+2].([]byte), &b.out[i].Entry)
+				b.s.written.put(b.names[i], vals[i], &b.out[i].Entry)
 			}
 		case errors.Is(err, redis.Nil):
 			existing = append(existing, i)

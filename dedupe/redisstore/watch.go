@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -175,11 +174,12 @@ func (w *watchConn) plan(ctx context.Context, c *watchedChunk, read *chunkRead) 
 	bp := valueBuffers.Get().(*[]byte)
 	buf := (*bp)[:0]
 	sets := make([]redis.Cmder, len(order))
+	args := newSetArgs(len(order), 0)
 	for j, i := range order {
 		e := latest[c.names[i]]
 		start := len(buf)
 		buf = w.s.appendEntryOver(buf, e, read.vals[i])
-		sets[j] = redis.NewCmd(ctx, "SET", read.mget[1+i], buf[start:len(buf):len(buf)], "PXAT", e.RetainUntil().UnixMilli())
+		sets[j] = redis.NewStatusCmd(ctx, args.add(read.mget[1+i], buf[start:len(buf):len(buf)], e.RetainUntil().UnixMilli())...)
 	}
 	*bp = buf
 	marker, want := w.s.markerGet(ctx)
@@ -317,27 +317,17 @@ type readCmds struct {
 }
 
 func newRead(ctx context.Context, c *watchedChunk) *readCmds {
-	// Each name becomes an interface value once, for WATCH, MGET and SET
-	// alike: the conversion allocates.
+	// The names go in as pointers, which an interface value holds
+	// without an allocation (setArgs); the SETs take MGET's.
 	watchArgs := make([]any, 1+len(c.watch))
 	watchArgs[0] = "WATCH"
-	for i, name := range c.watch {
-		watchArgs[1+i] = name
+	for i := range c.watch {
+		watchArgs[1+i] = &c.watch[i]
 	}
-	// watch lists the distinct names in the order they first appear in
-	// names, so one walk pairs them; a repeated name is looked up.
 	mget := make([]any, 1+len(c.names))
 	mget[0] = "MGET"
-	w := 0
-	for i, name := range c.names {
-		if w < len(c.watch) && c.watch[w] == name {
-			mget[1+i] = watchArgs[1+w]
-			w++
-		} else if j := slices.Index(c.watch[:w], name); j >= 0 {
-			mget[1+i] = watchArgs[1+j]
-		} else {
-			mget[1+i] = name
-		}
+	for i := range c.names {
+		mget[1+i] = &c.names[i]
 	}
 	return &readCmds{c: c, watch: redis.NewCmd(ctx, watchArgs...), clock: redis.NewTimeCmd(ctx, "TIME"),
 		read: redis.NewCmd(ctx, mget...), mget: mget}

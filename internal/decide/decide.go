@@ -212,31 +212,34 @@ func replayOrConflict(sameRequest bool) dedupe.Verdict {
 // scanning the output for a result before it writes. An owner releases
 // only keys for which it has sent no result: after a release it must not
 // write one.
-func Complete(cur *dedupe.Entry, c dedupe.Completion, now time.Time) (*dedupe.Entry, error) {
+//
+// The entry comes back by value, *cur when nothing changes: a store
+// completes an entry per first copy, and a pointer to a new one would be
+// an allocation each.
+func Complete(cur *dedupe.Entry, c dedupe.Completion, now time.Time) (dedupe.Entry, error) {
 	if cur == nil || !now.Before(cur.RetainUntil()) {
-		return nil, fmt.Errorf("complete %q: %w (entry expired)", c.Key, dedupe.ErrFenced)
+		return dedupe.Entry{}, fmt.Errorf("complete %q: %w (entry expired)", c.Key, dedupe.ErrFenced)
 	}
 	if cur.State == c.State && cur.Owner == c.Owner && cur.Result == c.Result && c.State != dedupe.Pending {
 		// The same completion again: a retry after a timeout whose first
 		// attempt did reach the store, or an abandoned batch asking that
 		// an entry it completed be kept longer (its records will be read
 		// again): the longer keep is granted, nothing else changes.
+		e := *cur
 		if keep := now.Add(c.KeepAtLeast); c.State == dedupe.Success && cur.ExpiresAt.Before(keep) {
-			e := *cur
 			e.ExpiresAt = keep
-			return &e, nil
 		}
-		return cur, nil
+		return e, nil
 	}
 	if cur.State != dedupe.Pending || cur.Owner != c.Owner {
-		return nil, fmt.Errorf("complete %q as %s: %w (%s by %s)", c.Key, c.Owner.Token(), dedupe.ErrFenced, cur.State, cur.Owner.Token())
+		return dedupe.Entry{}, fmt.Errorf("complete %q as %s: %w (%s by %s)", c.Key, c.Owner.Token(), dedupe.ErrFenced, cur.State, cur.Owner.Token())
 	}
 	e := *cur
 	if c.State == dedupe.Pending {
 		if now.Before(e.LeaseUntil) {
 			e.LeaseUntil = now
 		}
-		return &e, nil
+		return e, nil
 	}
 	e.State = c.State
 	e.Result = c.Result
@@ -246,5 +249,5 @@ func Complete(cur *dedupe.Entry, c dedupe.Completion, now time.Time) (*dedupe.En
 	} else if keep := now.Add(c.KeepAtLeast); e.ExpiresAt.Before(keep) {
 		e.ExpiresAt = keep
 	}
-	return &e, nil
+	return e, nil
 }
