@@ -126,6 +126,53 @@ func TestCompactEntryWithoutItsContext(t *testing.T) {
 	}
 }
 
+// A reader's own source and the digest of the entry read before spare
+// the decoder making those strings again: an entry reads the same with
+// them as without, whether it names them or not.
+func TestCompactEntryReadWithTheReadersStrings(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	s := New(nil, "idem")
+	for range 20000 {
+		name, e, ctx := randomEntry(rng)
+		raw := string(appendCompact(nil, &e))
+		source := e.Owner.Source
+		switch rng.IntN(4) {
+		case 1:
+			source = e.FirstSource
+		case 2:
+			// The same topic and partition, another offset.
+			if topic, p, o, ok := splitSource(source); ok {
+				source = fmt.Sprintf("%s/%d/%d", topic, p, o+1)
+			}
+		case 3:
+			source = fmt.Sprintf("in/%d/%d", rng.IntN(3), rng.IntN(300))
+		}
+		rules := ""
+		switch rng.IntN(3) {
+		case 1:
+			if len(e.RulesDigest) >= 23 {
+				rules = e.RulesDigest[:23]
+			}
+		case 2:
+			rules = digestOf("rules of another entry")[:23]
+		}
+		with := s.readContext(name, ctx.holder, rules, source)
+		without := with
+		without.source, without.rules = "", ""
+		got, err := decodeEntry(0, raw, with)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := decodeEntry(0, raw, without)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("source %q, rules %q:\nread %+v\nwant %+v", source, rules, got, want)
+		}
+	}
+}
+
 // compactGolden is a SUCCESS entry as the load run's records make it.
 func compactGolden() (string, dedupe.Entry) {
 	ws := time.UnixMilli(1764957600123)
