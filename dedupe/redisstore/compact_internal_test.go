@@ -173,6 +173,42 @@ func TestCompactEntryReadWithTheReadersStrings(t *testing.T) {
 	}
 }
 
+// A store that writes text completes a compact entry it cannot resolve
+// as compact, whatever entry of the batch it read before: a full digest
+// read from a text entry must not resolve the compact entry after it.
+func TestCompletionWritesBackEachEntryAsItsOwnRead(t *testing.T) {
+	s := New(nil, "idem")
+	now := time.UnixMilli(1764957600000)
+	owner := dedupe.Owner{Holder: "h", Source: "in/0/1"}
+	pending := func(key string) dedupe.Entry {
+		return dedupe.Entry{Key: key, State: dedupe.Pending, Fingerprint: digestOf(key), RulesDigest: digestOf("rules"),
+			Owner: owner, FirstSource: owner.Source, Result: dedupe.ResultRef{Partition: -1, Offset: dedupe.NoPosition},
+			Intent: dedupe.Intent{Partition: 0, Floor: 5}, WindowStart: now, ExpiresAt: now.Add(time.Hour), LeaseUntil: now.Add(time.Minute)}
+	}
+	text, compact := pending("a"), pending("b")
+	vals := []any{string(appendTextEntry(nil, &text)), string(appendCompact(nil, &compact))}
+	names := []string{s.redisKey("ns", "a"), s.redisKey("ns", "b")}
+	var comps []dedupe.Completion
+	for _, k := range []string{"a", "b"} {
+		comps = append(comps, dedupe.Completion{Namespace: "ns", Key: k, Owner: owner, State: dedupe.Success,
+			Result: dedupe.ResultRef{Partition: 0, Offset: 9}, KeepAtLeast: time.Minute})
+	}
+	errs := make([]error, len(comps))
+	order, latest := s.planCompletions(comps, names, vals, now, errs)
+	if len(order) != 2 || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("order %v, errs %v", order, errs)
+	}
+	if got := latest[names[0]].RulesDigest; got != digestOf("rules") {
+		t.Errorf("the text entry's digest read as %q", got)
+	}
+	if got := latest[names[1]].RulesDigest; len(got) != 23 {
+		t.Errorf("the compact entry's digest read as %q, want its unresolved form", got)
+	}
+	if raw := s.appendEntryOver(nil, latest[names[1]], vals[1]); !isCompact(string(raw)) {
+		t.Errorf("the compact entry written back as text: %q", raw)
+	}
+}
+
 // compactGolden is a SUCCESS entry as the load run's records make it.
 func compactGolden() (string, dedupe.Entry) {
 	ws := time.UnixMilli(1764957600123)

@@ -174,16 +174,19 @@ func (s *Store) completeScripted(ctx context.Context, comps []dedupe.Completion,
 // returns the first completion of each name whose entry changes, in
 // order, and each name's entry as the call leaves it.
 func (s *Store) planCompletions(comps []dedupe.Completion, names []string, vals []any, now time.Time, errs []error) ([]int, map[string]*dedupe.Entry) {
-	// latest is each entry as this batch leaves it, for a key
-	// completed twice in one call.
 	// Each completion's entry as read (stored) and as it leaves it
 	// (after), in one array.
 	entries := make([]dedupe.Entry, 2*len(comps))
 	stored, after := entries[:len(comps)], entries[len(comps):]
+	// latest is each entry as this batch leaves it, for a key
+	// completed twice in one call.
 	latest := make(map[string]*dedupe.Entry, len(comps))
 	changed := make(map[string]bool, len(comps))
-	// rules is the digest of the entry read last: a batch's entries
-	// mostly share one, which is then not made again for each.
+	// rules is the last rules digest read in the unresolved form (the 8
+	// bytes a compact entry keeps, as text): a batch's entries mostly
+	// share one, which is then not made again for each. Never a full
+	// digest read from a text entry: it would resolve the compact entries
+	// after it, which would then be written back as text.
 	var rules string
 	var order []int // the first completion of each name to write
 	for i, c := range comps {
@@ -192,7 +195,10 @@ func (s *Store) planCompletions(comps []dedupe.Completion, names []string, vals 
 			switch v := vals[i].(type) {
 			case string:
 				if e, err := decodeEntry(now.UnixMilli(), v, s.readContext(names[i], c.Owner.Holder, rules, c.Owner.Source)); err == nil {
-					stored[i], rules = e, e.RulesDigest
+					stored[i] = e
+					if len(e.RulesDigest) == 23 && isDigest(e.RulesDigest, 16) {
+						rules = e.RulesDigest
+					}
 					cur = &stored[i]
 				}
 			case *writtenEntry:
