@@ -6,7 +6,8 @@ package redisstore
 // allocation each: three per SET, two SETs per first copy. A pointer is
 // stored as it is, and go-redis's writer and its key routing (stringArg)
 // read *string and *int64 as they read the values, and a *byteArg through
-// encoding.BinaryMarshaler.
+// encoding.BinaryMarshaler. Only go-redis's Cmd.String, which nothing here
+// prints, shows them as pointers.
 type setArgs struct {
 	args  []any
 	vals  []byteArg
