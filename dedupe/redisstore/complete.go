@@ -174,12 +174,10 @@ func (s *Store) completeScripted(ctx context.Context, comps []dedupe.Completion,
 // returns the first completion of each name whose entry changes, in
 // order, and each name's entry as the call leaves it.
 func (s *Store) planCompletions(comps []dedupe.Completion, names []string, vals []any, now time.Time, errs []error) ([]int, map[string]*dedupe.Entry) {
-	// Each completion's entry as read (stored) and as it leaves it
-	// (after), in one array.
-	entries := make([]dedupe.Entry, 2*len(comps))
-	stored, after := entries[:len(comps)], entries[len(comps):]
 	// latest is each entry as this batch leaves it, for a key
-	// completed twice in one call.
+	// completed twice in one call: the entry read, in stored, changed in
+	// place.
+	stored := make([]dedupe.Entry, len(comps))
 	latest := make(map[string]*dedupe.Entry, len(comps))
 	changed := make(map[string]bool, len(comps))
 	// rules is the last rules digest read in the unresolved form (the 8
@@ -224,8 +222,7 @@ func (s *Store) planCompletions(comps []dedupe.Completion, names []string, vals 
 				order = append(order, i)
 			}
 			changed[names[i]] = true
-			after[i] = next
-			latest[names[i]] = &after[i]
+			*cur = next
 		}
 	}
 	return order, latest
