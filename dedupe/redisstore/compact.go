@@ -444,18 +444,21 @@ func (r *compactReader) source(num bool, c readContext) string {
 
 // rulesOf is the rules digest whose first 8 bytes are raw: the reader's,
 // one the store knows, or the text of those 8 bytes ("sha256:" and 16 hex
-// digits), made only then. The reader's may be that text already (a
+// digits), made only then: the reader's may be that text already (a
 // completion passes the digest of the entry it read before).
 func (c readContext) rulesOf(raw string) string {
 	var buf [23]byte
 	rd := hex.AppendEncode(append(buf[:0], "sha256:"...), []byte(raw))
-	if len(c.rules) == 71 && c.rules[:23] == string(rd) || c.rules == string(rd) {
+	if len(c.rules) == 71 && c.rules[:23] == string(rd) {
 		return c.rules
 	}
 	for _, d := range c.digests {
 		if len(d) == 71 && d[:23] == string(rd) {
 			return d
 		}
+	}
+	if c.rules == string(rd) {
+		return c.rules
 	}
 	return string(rd)
 }

@@ -131,7 +131,7 @@ func TestCompactEntryWithoutItsContext(t *testing.T) {
 // them as without, whether it names them or not.
 func TestCompactEntryReadWithTheReadersStrings(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
-	s := New(nil, "idem")
+	s := New(nil, "idem", WithRulesDigests(digestOf("rules")))
 	for range 20000 {
 		name, e, ctx := randomEntry(rng)
 		raw := string(appendCompact(nil, &e))
