@@ -124,6 +124,8 @@ func (r Redis) ChecksServer() bool { return r.CheckServer == nil || *r.CheckServ
 // Metrics configures the HTTP endpoint of /metrics, /healthz and /readyz.
 type Metrics struct {
 	Addr string `json:"addr"`
+	// Pprof serves the Go runtime's profiles under /debug/pprof/ too.
+	Pprof bool `json:"pprof,omitempty"`
 }
 
 // Pipeline is one input topic with its policy and its output topics.

@@ -63,7 +63,7 @@ func cmdProxy(ctx context.Context, e *env, args []string) (err error) {
 			return []string{problem.Error()}
 		}
 		return nil
-	})
+	}, cfg.Metrics.Pprof)
 	front := &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("starting proxy", "version", buildVersion(), "listen", ln.Addr().String(), "upstream", cfg.HTTP.Upstream,
 		"metrics", metricsLn.Addr().String(), "routes", len(cfg.HTTP.Routes))

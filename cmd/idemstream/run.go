@@ -150,7 +150,7 @@ func buildService(cfg *schemas.Config, getenv func(string) string, log *slog.Log
 		return nil, errors.Join(&schemas.FieldError{Field: "metrics.addr", Msg: err.Error()}, svc.Close())
 	}
 	s := &service{log: log, svc: svc, listener: ln}
-	s.server = metricsServer(reg, s.svc.Ready)
+	s.server = metricsServer(reg, s.svc.Ready, cfg.Metrics.Pprof)
 	return s, nil
 }
 

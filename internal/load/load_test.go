@@ -394,10 +394,12 @@ func runIdemstream(ctx context.Context, t *testing.T, bin string, brokers []stri
 	writeConfig(t, config, brokers, redisAddr, name, input.topic, name+".out", name+".dlq", registry)
 	brokerCPU, machine := cpuSeconds(broker), machineCPU()
 	idem := startProcess(t, "idemstream", bin, "run", "--config", config, "--metrics-addr", metricsAddr, "--log-format", "text")
+	prof := startProfiler(ctx, metricsAddr, profileDir(), name)
 	done := waitCaughtUp(ctx, t, idem, input, name+".load", end, bound, &r.rssAt)
 	r.time = done.Sub(idem.started)
 	r.cpu = cpus{consumer: cpuSeconds(idem.cmd.Process.Pid), broker: since(cpuSeconds(broker), brokerCPU)}
 	r.machineCPU = since(machineCPU(), machine)
+	prof.stop(t)
 	after, err := rdb.Info(ctx, "cpu", "commandstats").Result()
 	if err != nil {
 		t.Fatalf("redis INFO: %v", err)
@@ -611,6 +613,7 @@ pipelines:
 	if registry != "" {
 		yaml += "    payload: avro\nschema_registry: {url: '" + registry + "'}\n"
 	}
+	yaml += metricsConfig()
 	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
