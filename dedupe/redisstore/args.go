@@ -13,7 +13,6 @@ type setArgs struct {
 	vals  []byteArg
 	pxat  []int64
 	width int
-	n     int
 }
 
 // byteArg is a value go-redis writes as a bulk string: a byte slice is
@@ -30,15 +29,15 @@ func newSetArgs(n, opts int) *setArgs {
 	return &setArgs{args: make([]any, n*width), vals: make([]byteArg, n), pxat: make([]int64, n), width: width}
 }
 
-// add returns the arguments of the next SET: SET name value opts… PXAT at.
-// name is a *string (or an interface value made before); value must stay
-// unchanged until the command is sent.
-func (a *setArgs) add(name any, value []byte, at int64, opts ...any) []any {
-	i := a.n
-	a.n++
+// set returns the arguments of SET i: SET name value opts… PXAT at. name
+// is a *string; value must stay unchanged until the command is sent.
+func (a *setArgs) set(i int, name *string, value []byte, at int64, opts ...any) []any {
 	a.vals[i], a.pxat[i] = value, at
 	s := a.args[i*a.width : i*a.width : (i+1)*a.width]
 	s = append(s, "SET", name, &a.vals[i])
 	s = append(s, opts...)
 	return append(s, "PXAT", &a.pxat[i])
 }
+
+// value is the value of SET i.
+func (a *setArgs) value(i int) []byte { return a.vals[i] }

@@ -170,7 +170,7 @@ func (s *Store) writeCAS(ctx context.Context, node *redis.Client, names []string
 		}
 		start := len(buf)
 		buf = s.appendEntryOver(buf, e, was)
-		sets[j] = redis.NewStatusCmd(ctx, args.add(&names[i], buf[start:len(buf):len(buf)], e.RetainUntil().UnixMilli(), "IFEQ", ifeq)...)
+		sets[j] = redis.NewStatusCmd(ctx, args.set(j, &names[i], buf[start:len(buf):len(buf)], e.RetainUntil().UnixMilli(), "IFEQ", ifeq)...)
 	}
 	chunkErrs, err := s.sendCASChunks(ctx, node, sets)
 	if err != nil {

@@ -194,7 +194,7 @@ func (s *Store) planCompletions(comps []dedupe.Completion, names []string, vals 
 			case string:
 				if e, err := decodeEntry(now.UnixMilli(), v, s.readContext(names[i], c.Owner.Holder, rules, c.Owner.Source)); err == nil {
 					stored[i] = e
-					if len(e.RulesDigest) == 23 && isDigest(e.RulesDigest, 16) {
+					if unresolvedRules(e.RulesDigest) {
 						rules = e.RulesDigest
 					}
 					cur = &stored[i]

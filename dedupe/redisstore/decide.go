@@ -135,7 +135,6 @@ func (b *fastBatch) setNX(ctx context.Context) (existing, later []int, err error
 	seen := make(map[string]struct{}, len(b.reqs))
 	fast := make([]*redis.StatusCmd, len(b.reqs))
 	args := newSetArgs(len(b.reqs), 1)
-	vals := make([][]byte, len(b.reqs))
 	var fastCmds []redis.Cmder
 	var fastKeys []string
 	// One pooled buffer for every value of the batch: building these is
@@ -157,8 +156,7 @@ func (b *fastBatch) setNX(ctx context.Context) (existing, later []int, err error
 		b.out[i].Entry = newEntry(r, b.now)
 		start := len(buf)
 		buf = b.s.appendEntry(buf, &b.out[i].Entry)
-		vals[i] = buf[start:len(buf):len(buf)]
-		fast[i] = redis.NewStatusCmd(ctx, args.add(&b.names[i], vals[i], b.out[i].Entry.RetainUntil().UnixMilli(), "NX")...)
+		fast[i] = redis.NewStatusCmd(ctx, args.set(i, &b.names[i], buf[start:len(buf):len(buf)], b.out[i].Entry.RetainUntil().UnixMilli(), "NX")...)
 		fastCmds, fastKeys = append(fastCmds, fast[i]), append(fastKeys, b.names[i])
 	}
 	execErr, ackErr := b.s.roundTrips(ctx, "decide", fastKeys, fastCmds)
@@ -180,7 +178,7 @@ func (b *fastBatch) setNX(ctx context.Context) (existing, later []int, err error
 			b.out[i].Verdict = dedupe.VerdictFirst
 			b.known[b.names[i]] = &b.out[i].Entry
 			if remember {
-				b.s.written.put(b.names[i], vals[i], &b.out[i].Entry)
+				b.s.written.put(b.names[i], args.value(i), &b.out[i].Entry)
 			}
 		case errors.Is(err, redis.Nil):
 			existing = append(existing, i)

@@ -182,9 +182,14 @@ func (s *Store) appendEntryOver(b []byte, e *dedupe.Entry, was any) []byte {
 // one is written as text by a store that writes text, so that compact
 // entries end once no store writes them.
 func unresolved(e *dedupe.Entry) bool {
-	return hashForm(e.Owner.Holder) || len(e.RulesDigest) == 23 && isDigest(e.RulesDigest, 16) ||
+	return hashForm(e.Owner.Holder) || unresolvedRules(e.RulesDigest) ||
 		unresolvedSource(e.Owner.Source) || unresolvedSource(e.FirstSource)
 }
+
+// unresolvedRules reports whether d is a rules digest in the form its
+// reader could not resolve: "sha256:" and the 16 hex digits of the 8
+// bytes a compact entry keeps.
+func unresolvedRules(d string) bool { return len(d) == 23 && isDigest(d, 16) }
 
 func unresolvedSource(s string) bool {
 	topic, _, _, ok := splitSource(s)

@@ -161,7 +161,6 @@ func (w *watchConn) release(ctx context.Context) {
 type chunkRead struct {
 	now  time.Time
 	vals []any // the entries, as MGET answered
-	mget []any // the names as MGET took them, for the SETs to take too
 }
 
 // plan decides the completions of read's transaction and builds the
@@ -179,7 +178,7 @@ func (w *watchConn) plan(ctx context.Context, c *watchedChunk, read *chunkRead) 
 		e := latest[c.names[i]]
 		start := len(buf)
 		buf = w.s.appendEntryOver(buf, e, read.vals[i])
-		sets[j] = redis.NewStatusCmd(ctx, args.add(read.mget[1+i], buf[start:len(buf):len(buf)], e.RetainUntil().UnixMilli())...)
+		sets[j] = redis.NewStatusCmd(ctx, args.set(j, &c.names[i], buf[start:len(buf):len(buf)], e.RetainUntil().UnixMilli())...)
 	}
 	*bp = buf
 	marker, want := w.s.markerGet(ctx)
@@ -313,12 +312,11 @@ type readCmds struct {
 	watch *redis.Cmd
 	clock *redis.TimeCmd
 	read  *redis.Cmd
-	mget  []any
 }
 
 func newRead(ctx context.Context, c *watchedChunk) *readCmds {
 	// The names go in as pointers, which an interface value holds
-	// without an allocation (setArgs); the SETs take MGET's.
+	// without an allocation (setArgs).
 	watchArgs := make([]any, 1+len(c.watch))
 	watchArgs[0] = "WATCH"
 	for i := range c.watch {
@@ -330,7 +328,7 @@ func newRead(ctx context.Context, c *watchedChunk) *readCmds {
 		mget[1+i] = &c.names[i]
 	}
 	return &readCmds{c: c, watch: redis.NewCmd(ctx, watchArgs...), clock: redis.NewTimeCmd(ctx, "TIME"),
-		read: redis.NewCmd(ctx, mget...), mget: mget}
+		read: redis.NewCmd(ctx, mget...)}
 }
 
 func (r *readCmds) queue(ctx context.Context, p redis.Pipeliner) {
@@ -352,5 +350,5 @@ func (r *readCmds) result() (*chunkRead, error) {
 	if len(vals) != len(r.c.names) {
 		return nil, fmt.Errorf("complete: %d entries read for %d completions", len(vals), len(r.c.names))
 	}
-	return &chunkRead{now: time.UnixMilli(r.clock.Val().UnixMilli()), vals: vals, mget: r.mget}, nil
+	return &chunkRead{now: time.UnixMilli(r.clock.Val().UnixMilli()), vals: vals}, nil
 }
