@@ -52,6 +52,7 @@ func TestThroughput(t *testing.T) {
 	if os.Getenv("IDEMSTREAM_LOAD") == "" {
 		t.Skip("a load run: make load (IDEMSTREAM_LOAD=1)")
 	}
+	profileKind(t)
 	set := readLoadSettings(t)
 	n, rounds, warmups, prefill, bound := set.records, set.rounds, set.warmups, set.prefill, set.bound
 	brokers := testenv.KafkaBrokers(t)
@@ -394,7 +395,7 @@ func runIdemstream(ctx context.Context, t *testing.T, bin string, brokers []stri
 	writeConfig(t, config, brokers, redisAddr, name, input.topic, name+".out", name+".dlq", registry)
 	brokerCPU, machine := cpuSeconds(broker), machineCPU()
 	idem := startProcess(t, "idemstream", bin, "run", "--config", config, "--metrics-addr", metricsAddr, "--log-format", "text")
-	prof := startProfiler(ctx, metricsAddr, profileDir(), name)
+	prof := startProfiler(ctx, metricsAddr, profileDir(), profileKind(t), name)
 	done := waitCaughtUp(ctx, t, idem, input, name+".load", end, bound, &r.rssAt)
 	r.time = done.Sub(idem.started)
 	r.cpu = cpus{consumer: cpuSeconds(idem.cmd.Process.Pid), broker: since(cpuSeconds(broker), brokerCPU)}

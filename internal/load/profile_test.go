@@ -14,8 +14,31 @@ import (
 )
 
 // profileDir is IDEMSTREAM_LOAD_PROFILE (make load LOAD_PROFILE=dir): the
-// directory the idemstream runs' CPU profiles go to, "" for none.
+// directory the idemstream runs' profiles go to, "" for none.
 func profileDir() string { return os.Getenv("IDEMSTREAM_LOAD_PROFILE") }
+
+// profileKinds are the profiles IDEMSTREAM_LOAD_PROFILE_KIND (make load
+// LOAD_PROFILE_KIND=...) takes: the CPU's, or what was allocated (each
+// profile the difference over its second, so that a run's allocations are
+// read apart from the process's start), and how each is read.
+var profileKinds = map[string]struct{ path, read string }{
+	"cpu":    {"profile", "go tool pprof -top"},
+	"allocs": {"allocs", "go tool pprof -sample_index=alloc_space -top"},
+}
+
+// profileKind is IDEMSTREAM_LOAD_PROFILE_KIND, cpu when unset; another
+// value fails the run before it starts.
+func profileKind(t *testing.T) string {
+	t.Helper()
+	k := os.Getenv("IDEMSTREAM_LOAD_PROFILE_KIND")
+	if k == "" {
+		k = "cpu"
+	}
+	if _, ok := profileKinds[k]; !ok {
+		t.Fatalf("IDEMSTREAM_LOAD_PROFILE_KIND=%q: want cpu or allocs", k)
+	}
+	return k
+}
 
 // metricsConfig is the configuration's metrics section: the profiles
 // served (metrics.pprof) when they are taken.
@@ -26,13 +49,14 @@ func metricsConfig() string {
 	return "metrics: {pprof: true}\n"
 }
 
-// profiler takes CPU profiles of one idemstream run through its
-// /debug/pprof/profile, a second at a time from the process's start until
-// stop, so that `go tool pprof` reads where that very run's time went,
-// without a build made for it. Profiling costs the process some CPU, so a
-// profiled run's figures are a little higher than an unprofiled one's.
+// profiler takes profiles of one idemstream run through its /debug/pprof/,
+// a second at a time from the process's start until stop, so that `go tool
+// pprof` reads where that very run's time or memory went, without a build
+// made for it. Profiling costs the process some CPU, so a profiled run's
+// figures are a little higher than an unprofiled one's.
 type profiler struct {
 	addr, dir, name string
+	kind            string
 	stopped         chan struct{}
 	wg              sync.WaitGroup
 	files           []string
@@ -40,12 +64,12 @@ type profiler struct {
 }
 
 // startProfiler profiles the process whose metrics are served at addr,
-// into dir; nil when dir is "".
-func startProfiler(ctx context.Context, addr, dir, name string) *profiler {
+// into dir, with profiles of kind (profileKinds); nil when dir is "".
+func startProfiler(ctx context.Context, addr, dir, kind, name string) *profiler {
 	if dir == "" {
 		return nil
 	}
-	p := &profiler{addr: addr, dir: dir, name: name, stopped: make(chan struct{})}
+	p := &profiler{addr: addr, dir: dir, kind: kind, name: name, stopped: make(chan struct{})}
 	p.wg.Add(1)
 	go p.run(ctx)
 	return p
@@ -79,7 +103,7 @@ func (p *profiler) run(ctx context.Context) {
 
 // take fetches one second's profile into the next file.
 func (p *profiler) take(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addr+"/debug/pprof/profile?seconds=1", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addr+"/debug/pprof/"+profileKinds[p.kind].path+"?seconds=1", nil)
 	if err != nil {
 		return err
 	}
@@ -93,7 +117,7 @@ func (p *profiler) take(ctx context.Context) error {
 		return err
 	}
 	if res.StatusCode != http.StatusOK {
-		p.err = fmt.Errorf("GET /debug/pprof/profile: %s: %s", res.Status, strings.TrimSpace(string(body)))
+		p.err = fmt.Errorf("GET /debug/pprof/%s: %s: %s", profileKinds[p.kind].path, res.Status, strings.TrimSpace(string(body)))
 		return p.err
 	}
 	path := filepath.Join(p.dir, fmt.Sprintf("%s-%03d.pprof", p.name, len(p.files)))
@@ -113,8 +137,8 @@ func (p *profiler) stop(t *testing.T) {
 	close(p.stopped)
 	p.wg.Wait()
 	if len(p.files) == 0 {
-		t.Errorf("no CPU profile of %s taken (%v)", p.name, p.err)
+		t.Errorf("no %s profile of %s taken (%v)", p.kind, p.name, p.err)
 		return
 	}
-	t.Logf("%s: %d CPU profiles, read with: go tool pprof -top %s", p.name, len(p.files), filepath.Join(p.dir, p.name+"-*.pprof"))
+	t.Logf("%s: %d %s profiles, read with: %s %s", p.name, len(p.files), p.kind, profileKinds[p.kind].read, filepath.Join(p.dir, p.name+"-*.pprof"))
 }
