@@ -12,20 +12,22 @@ import (
 
 // Formats counts a prefix's entries by the format they are written in.
 // Other counts the values at entries' names that this release does not
-// read by their first byte (a later release's format, another program's
-// value): a record of such a key stops its pipeline.
+// read (a later release's format, another program's value, an entry
+// damaged past its first byte): a record of such a key stops its
+// pipeline.
 type Formats struct {
 	Text, Compact, Other int64
 }
 
-// scanPage is how many names one SCAN call asks for, and how many first
-// bytes one pipeline then reads.
+// scanPage is how many names one SCAN call asks for, and how many values
+// one pipeline then reads.
 const scanPage = 1000
 
 // CountFormats walks every entry under the store's prefix (SCAN, on every
-// master of a Cluster) and reads the first byte of each: a compact entry
-// starts with a byte below a space that names a state, a text one with its
-// state, and anything else is counted as Other. A release
+// master of a Cluster) and decodes each as the pipeline would: a compact
+// entry starts with a byte below a space, a text one with its state, and
+// a value that does not decode in full is counted as Other, whatever its
+// first byte. A release
 // before compact entries reads a compact one as no entry at all, so a
 // rollback to it must wait until this finds none (docs/operations.md).
 // It reads the keyspace once and changes nothing; entries written or
@@ -68,31 +70,46 @@ func (s *Store) countFormatsOn(ctx context.Context, node *redis.Client) (Formats
 			return f, classify("count formats", err)
 		}
 		if len(names) > 0 {
-			firsts := make([]*redis.StringCmd, len(names))
-			if _, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for i, name := range names {
-					firsts[i] = p.GetRange(ctx, name, 0, 0)
-				}
-				return nil
-			}); err != nil && !errors.Is(err, redis.Nil) {
-				return f, classify("count formats", err)
-			}
-			for _, c := range firsts {
-				switch b := c.Val(); {
-				case b == "": // expired since the SCAN
-				case isCompact(b) && b[0]&3 != 0:
-					f.Compact++
-				case b == "P" || b == "S" || b == "F": // PENDING, SUCCESS, FAILED
-					f.Text++
-				default:
-					f.Other++
-				}
+			if err := s.countValues(ctx, node, names, &f); err != nil {
+				return f, err
 			}
 		}
 		if cursor = next; cursor == 0 {
 			return f, nil
 		}
 	}
+}
+
+// countValues reads the values at names and counts each by what it
+// decodes as. The first byte alone counted a damaged entry (a compact
+// state followed by too few bytes, a text state with missing fields) as
+// one this release reads, while a record of its key stops the pipeline.
+func (s *Store) countValues(ctx context.Context, node *redis.Client, names []string, f *Formats) error {
+	values := make([]*redis.StringCmd, len(names))
+	if _, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, name := range names {
+			values[i] = p.Get(ctx, name)
+		}
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return classify("count formats", err)
+	}
+	for i, c := range values {
+		v := c.Val()
+		if v == "" { // expired since the SCAN
+			continue
+		}
+		_, err := decodeEntry(0, v, readContext{name: names[i], topics: s.topics, digests: s.digests})
+		switch {
+		case err != nil:
+			f.Other++
+		case isCompact(v):
+			f.Compact++
+		default:
+			f.Text++
+		}
+	}
+	return nil
 }
 
 // globEscape escapes the characters SCAN's MATCH reads as a pattern.

@@ -51,9 +51,19 @@ func checkCountFormats(t *testing.T, c redis.UniversalClient) {
 			}
 		}
 	}
-	// Values this release does not read: a later format's state 0, and
-	// no entry at all.
-	for i, v := range []string{"\x00\x01later", "hello"} {
+	// Values this release does not read: a later format's state 0, no
+	// entry at all, and an entry of each format damaged past its first
+	// byte (which alone would pass for an entry).
+	compact, err := c.Get(ctx, stores[1].s.RedisKey("p", "s1-k0")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := c.Get(ctx, stores[0].s.RedisKey("p", "s0-k0")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	others := []string{"\x00\x01later", "hello", compact[:len(compact)/2], text[:strings.LastIndex(text, "\x1f")]}
+	for i, v := range others {
 		if err := c.Set(ctx, stores[0].s.RedisKey("p", fmt.Sprintf("other-%d", i)), v, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -62,7 +72,7 @@ func checkCountFormats(t *testing.T, c redis.UniversalClient) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (redisstore.Formats{Text: 1100, Compact: 700, Other: 2}); got != want {
+	if want := (redisstore.Formats{Text: 1100, Compact: 700, Other: int64(len(others))}); got != want {
 		t.Errorf("counted %+v, want %+v", got, want)
 	}
 }
