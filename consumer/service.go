@@ -314,12 +314,7 @@ func (p *storeProbe) check(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	_, _, p.err = p.store.Lookup(ctx, "idemstream-readyz", "probe")
-	if errors.Is(p.err, dedupe.ErrEntryUnreadable) {
-		// The store answered: what it holds there is not this probe's
-		// concern.
-		p.err = nil
-	}
+	p.err = dedupe.Probe(ctx, p.store)
 	p.last = time.Now()
 	return p.err
 }

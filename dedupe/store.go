@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -235,6 +236,20 @@ type Store interface {
 	Decide(ctx context.Context, reqs []DecideRequest) ([]Decision, error)
 	Complete(ctx context.Context, comps []Completion) ([]error, error)
 	Lookup(ctx context.Context, namespace, key string) (Entry, bool, error)
+}
+
+// Probe reports whether s answers: it looks up a key no record uses. A
+// value there that s does not read (ErrEntryUnreadable) is still an
+// answer; its content is not the probe's concern, and a readiness that
+// failed on it would hold every pipeline back for one stray value. Every
+// readiness check of a store (the consumer's, the front door's) asks
+// through Probe, so that they agree on what "answers" means.
+func Probe(ctx context.Context, s Store) error {
+	_, _, err := s.Lookup(ctx, "idemstream-readyz", "probe")
+	if errors.Is(err, ErrEntryUnreadable) {
+		return nil
+	}
+	return err
 }
 
 // DecisionID names the decision that made e: the source of its first copy

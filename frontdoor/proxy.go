@@ -90,8 +90,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.mux.ServeH
 func (p *Proxy) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	// An unreadable value at the probe's name is still an answer.
-	if _, _, err := p.store.Lookup(ctx, "idemstream-readyz", "probe"); err != nil && !errors.Is(err, dedupe.ErrEntryUnreadable) {
+	if err := dedupe.Probe(ctx, p.store); err != nil {
 		return fmt.Errorf("store: %w", err)
 	}
 	// A store that forgot decisions refuses every decision until the loss

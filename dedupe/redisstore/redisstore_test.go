@@ -376,6 +376,29 @@ func TestUnreadableEntryIsNeverWrittenOver(t *testing.T) {
 	}
 }
 
+// A stray value at the readiness probe's name still means the store
+// answers: both readiness checks (the consumer's and the front door's) ask
+// through dedupe.Probe, and neither may hold its service back for it. A
+// Redis that does not answer is reported, as retryable.
+func TestProbeAnswersOverAnUnreadableValue(t *testing.T) {
+	ctx := context.Background()
+	c := client(t, testenv.RedisAddr(t))
+	s := redisstore.New(c, freshPrefix(), redisstore.WithCompactEntries())
+	if err := c.Set(ctx, s.RedisKey("idemstream-readyz", "probe"), "hello", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Lookup(ctx, "idemstream-readyz", "probe"); !errors.Is(err, dedupe.ErrEntryUnreadable) {
+		t.Fatalf("Lookup of the stray value: %v, want an error wrapping dedupe.ErrEntryUnreadable", err)
+	}
+	if err := dedupe.Probe(ctx, s); err != nil {
+		t.Errorf("Probe with a stray value at its name: %v, want nil", err)
+	}
+	down := redisstore.New(client(t, testenv.FreeAddr(t)), freshPrefix())
+	if err := dedupe.Probe(ctx, down); !dedupe.IsRetryable(err) {
+		t.Errorf("Probe of a Redis that is not there: %v, want a retryable error", err)
+	}
+}
+
 func TestRedactURL(t *testing.T) {
 	got := redisstore.RedactURL("redis://user:s3cret@host:6379/0")
 	if strings.Contains(got, "s3cret") {
