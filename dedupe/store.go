@@ -238,6 +238,22 @@ type Store interface {
 	Lookup(ctx context.Context, namespace, key string) (Entry, bool, error)
 }
 
+// CheckCompletions refuses a call that asks for a state no store keeps:
+// a completion is SUCCESS, FAILED or PENDING (a release). Written, any
+// other would be an entry every reader refuses as unreadable. Every Store
+// checks a call with it before it changes anything; the error is the
+// caller's mistake, fatal.
+func CheckCompletions(comps []Completion) error {
+	for _, c := range comps {
+		switch c.State {
+		case Success, Failed, Pending:
+		default:
+			return fmt.Errorf("complete %q: state %q is none of %s, %s and %s", c.Key, c.State, Success, Failed, Pending)
+		}
+	}
+	return nil
+}
+
 // Probe reports whether s answers: it looks up a key no record uses. A
 // value there that s does not read (ErrEntryUnreadable) is still an
 // answer; its content is not the probe's concern, and a readiness that

@@ -67,6 +67,9 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := dedupe.CheckCompletions(comps); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()

@@ -27,6 +27,9 @@ func (s *Store) Complete(ctx context.Context, comps []dedupe.Completion) ([]erro
 	if len(comps) == 0 {
 		return nil, nil
 	}
+	if err := dedupe.CheckCompletions(comps); err != nil {
+		return nil, err
+	}
 	names := make([]string, len(comps))
 	for i, c := range comps {
 		names[i] = s.redisKey(c.Namespace, c.Key)

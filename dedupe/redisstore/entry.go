@@ -122,6 +122,13 @@ func decodeText(nowMs int64, raw string) (dedupe.Entry, error) {
 	if n != 13 {
 		return e, fmt.Errorf("%w: %.80q", errNotEntry, raw)
 	}
+	// A state this release does not know is no entry it reads: taken for
+	// PENDING, the key would be taken over and the value written over.
+	switch dedupe.State(f[0]) {
+	case dedupe.Pending, dedupe.Success, dedupe.Failed:
+	default:
+		return e, fmt.Errorf("%w: state %.20q", errNotEntry, f[0])
+	}
 	f[13] = rest
 	var ints [13]int64
 	for i := 6; i < 13; i++ {

@@ -12,9 +12,9 @@ import (
 
 // Formats counts a prefix's entries by the format they are written in.
 // Other counts the values at entries' names that this release does not
-// read (a later release's format, another program's value, an entry
-// damaged past its first byte): a record of such a key stops its
-// pipeline.
+// read (a later release's format, another program's value, an empty one
+// or one of another type, an entry damaged past its first byte, a whole
+// entry of another key): a record of such a key stops its pipeline.
 type Formats struct {
 	Text, Compact, Other int64
 }
@@ -26,8 +26,8 @@ const scanPage = 1000
 // CountFormats walks every entry under the store's prefix (SCAN, on every
 // master of a Cluster) and decodes each as the pipeline would: a compact
 // entry starts with a byte below a space, a text one with its state, and
-// a value that does not decode in full is counted as Other, whatever its
-// first byte. A release
+// a value that does not decode in full, is no string or holds another
+// key's entry is counted as Other, whatever its first byte. A release
 // before compact entries reads a compact one as no entry at all, so a
 // rollback to it must wait until this finds none (docs/operations.md).
 // It reads the keyspace once and changes nothing; entries written or
@@ -86,30 +86,48 @@ func (s *Store) countFormatsOn(ctx context.Context, node *redis.Client) (Formats
 // one this release reads, while a record of its key stops the pipeline.
 func (s *Store) countValues(ctx context.Context, node *redis.Client, names []string, f *Formats) error {
 	values := make([]*redis.StringCmd, len(names))
-	if _, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+	// Pipelined's own error is only the first command's that failed, and
+	// a key that expired since the SCAN fails as redis.Nil: each command's
+	// error is read below instead.
+	_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, name := range names {
 			values[i] = p.Get(ctx, name)
 		}
 		return nil
-	}); err != nil && !errors.Is(err, redis.Nil) {
-		return classify("count formats", err)
-	}
+	})
 	for i, c := range values {
-		v := c.Val()
-		if v == "" { // expired since the SCAN
-			continue
-		}
-		_, err := decodeEntry(0, v, readContext{name: names[i], topics: s.topics, digests: s.digests})
+		v, err := c.Result()
 		switch {
-		case err != nil:
+		case errors.Is(err, redis.Nil): // expired since the SCAN
+			continue
+		case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+			// Not a string at all (another program's): a record of its
+			// key stops its pipeline.
 			f.Other++
-		case isCompact(v):
+			continue
+		case err != nil:
+			return classify("count formats", err)
+		}
+		e, err := decodeEntry(0, v, readContext{name: names[i], topics: s.topics, digests: s.digests})
+		if err != nil || !s.holdsItsKey(names[i], e.Key) {
+			// Undecodable, or an entry of another key, which a decision
+			// refuses too.
+			f.Other++
+		} else if isCompact(v) {
 			f.Compact++
-		default:
+		} else {
 			f.Text++
 		}
 	}
 	return nil
+}
+
+// holdsItsKey reports whether the entry of key may stand at name: a
+// name ends with its key (or the key's hash), after its namespace. With a
+// ':' in a namespace two pairs share a name, and either passes.
+func (s *Store) holdsItsKey(name, key string) bool {
+	suffix := ":" + keyInName(key) + "}"
+	return strings.HasSuffix(name, suffix) && len(name)-len(suffix) >= len(s.prefix)+len(":{")
 }
 
 // globEscape escapes the characters SCAN's MATCH reads as a pattern.

@@ -318,7 +318,8 @@ func TestOneNameForTwoKeysInOneBatch(t *testing.T) {
 
 // TestUnreadableEntryIsNeverWrittenOver: a value at an entry's name that
 // this release does not read (a later release's format, a compact entry
-// with a byte too many, or no entry at all) stops its record with an
+// with a byte too many, a text entry in a state it does not know, or no
+// entry at all) stops its record with an
 // error on every path that decides (the SET NX batch, the script alone, a
 // renewal) and stays as it was. Written over, it would decide the key
 // first again beside the result a later release may have written.
@@ -333,16 +334,31 @@ func TestUnreadableEntryIsNeverWrittenOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	textStore := redisstore.New(c, freshPrefix())
+	if _, err := textStore.Decide(ctx, []dedupe.DecideRequest{decideReq("model", "h")}); err != nil {
+		t.Fatal(err)
+	}
+	text, err := c.Get(ctx, textStore.RedisKey("p", "model")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, rest, _ := strings.Cut(text, "\x1f")
+	if state != "PENDING" {
+		t.Fatalf("the text entry starts %q, want PENDING", state)
+	}
 	values := map[string]string{
 		"a compact entry with a byte too many":  compact + "\x01",
 		"state code 0, kept for a later format": "\x00\x00" + compact[2:],
 		"no entry at all":                       "hello",
+		// Its key is the test's own, so that nothing but the state is off.
+		"a text entry in an unknown state": "PAUSED\x1f" + strings.TrimSuffix(rest, "model") + "{key}",
 	}
 	for what, v := range values {
 		for _, path := range []string{"set-nx-batch", "script", "renewal"} {
 			t.Run(what+"/"+path, func(t *testing.T) {
 				key := "k-" + strconv.FormatInt(prefixes.Add(1), 10)
 				name := s.RedisKey("p", key)
+				v := strings.ReplaceAll(v, "{key}", key)
 				if err := c.Set(ctx, name, v, time.Minute).Err(); err != nil {
 					t.Fatal(err)
 				}

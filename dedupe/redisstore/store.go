@@ -66,11 +66,17 @@ func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 // namespace and key in one hash tag, so that a Cluster keeps it on one
 // slot; a key too long for a name is replaced by its SHA-256.
 func (s *Store) redisKey(namespace, key string) string {
+	return s.prefix + ":{" + namespace + ":" + keyInName(key) + "}"
+}
+
+// keyInName is how key appears in its entry's name: itself, or its hash
+// when it is too long to be a name's part.
+func keyInName(key string) string {
 	if len(key) > maxKeyInName {
 		sum := sha256.Sum256([]byte(key))
-		key = "sha256:" + hex.EncodeToString(sum[:])
+		return "sha256:" + hex.EncodeToString(sum[:])
 	}
-	return s.prefix + ":{" + namespace + ":" + key + "}"
+	return key
 }
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }

@@ -19,6 +19,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -621,6 +622,25 @@ var cases = []testCase{
 		}
 		if _, ok := d.lookup("ghost"); ok {
 			t.Error("a refused completion created an entry")
+		}
+	}},
+	{"CompleteRefusesAnUnknownState", func(t *testing.T, h Harness, d *driver) {
+		// Written, such a state would be an entry no reader takes: the
+		// whole call is refused before anything changes.
+		r := req("k", fpA, dedupe.Strict, holderA, "commands/0/10")
+		d.one(r, dedupe.VerdictFirst)
+		ok := complete(req("other", fpA, dedupe.Strict, holderA, "commands/0/11"), dedupe.Success, 2)
+		d.one(req("other", fpA, dedupe.Strict, holderA, "commands/0/11"), dedupe.VerdictFirst)
+		for _, st := range []dedupe.State{"DONE", "success", ""} {
+			errs, err := h.Store.Complete(context.Background(), []dedupe.Completion{ok, complete(r, st, 1)})
+			if err == nil || dedupe.IsRetryable(err) || !strings.Contains(err.Error(), "none of") {
+				t.Errorf("completion as %q: %v, %v; want a fatal error naming the states", st, errs, err)
+			}
+		}
+		for _, key := range []string{"k", "other"} {
+			if e, found := d.lookup(key); !found || e.State != dedupe.Pending {
+				t.Errorf("%s after the refused calls: %+v (found %v), want it PENDING", key, e, found)
+			}
 		}
 	}},
 	{"NamespacesAreIsolated", func(t *testing.T, h Harness, d *driver) {
