@@ -588,6 +588,37 @@ func TestProxyIsNotReadyOnAStoreThatCannotKeep(t *testing.T) {
 	}
 }
 
+// lookupAnswers is a store whose Lookup answers err.
+type lookupAnswers struct {
+	*memstore.Store
+	err error
+}
+
+func (s lookupAnswers) Lookup(context.Context, string, string) (dedupe.Entry, bool, error) {
+	return dedupe.Entry{}, false, s.err
+}
+
+// A stray value at the probe's name is an answer: the proxy is ready; a
+// store that does not answer makes it not ready.
+func TestProxyReadyOverAnUnreadableProbeValue(t *testing.T) {
+	cfg := config(t, "")
+	for _, c := range []struct {
+		err   error
+		ready bool
+	}{
+		{fmt.Errorf("entry x: %w", dedupe.ErrEntryUnreadable), true},
+		{fmt.Errorf("lookup: %w", dedupe.ErrStoreUnavailable), false},
+	} {
+		p, err := frontdoor.NewProxy(cfg, lookupAnswers{memstore.New(), c.err}, frontdoor.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Ready(context.Background()); (err == nil) != c.ready {
+			t.Errorf("Lookup answering %v: Ready = %v, want ready %v", c.err, err, c.ready)
+		}
+	}
+}
+
 // proxyTo is a proxy of the test route in front of upstream.
 func proxyTo(t *testing.T, upstream string, store frontdoor.Store) *frontdoor.Proxy {
 	t.Helper()
