@@ -22,6 +22,10 @@ const (
 	Failed  State = "FAILED"
 )
 
+// Known reports whether s is one of the three states: a store reads no
+// entry in another, nor writes one.
+func (s State) Known() bool { return s == Pending || s == Success || s == Failed }
+
 // Owner identifies who holds a PENDING key. Holder names the worker and the
 // partition it processes (instance, group generation, topic/partition);
 // Source names the record (topic/partition/offset). The token is both:
@@ -245,9 +249,7 @@ type Store interface {
 // caller's mistake, fatal.
 func CheckCompletions(comps []Completion) error {
 	for _, c := range comps {
-		switch c.State {
-		case Success, Failed, Pending:
-		default:
+		if !c.State.Known() {
 			return fmt.Errorf("complete %q: state %q is none of %s, %s and %s", c.Key, c.State, Success, Failed, Pending)
 		}
 	}

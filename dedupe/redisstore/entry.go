@@ -124,9 +124,7 @@ func decodeText(nowMs int64, raw string) (dedupe.Entry, error) {
 	}
 	// A state this release does not know is no entry it reads: taken for
 	// PENDING, the key would be taken over and the value written over.
-	switch dedupe.State(f[0]) {
-	case dedupe.Pending, dedupe.Success, dedupe.Failed:
-	default:
+	if !dedupe.State(f[0]).Known() {
 		return e, fmt.Errorf("%w: state %.20q", errNotEntry, f[0])
 	}
 	f[13] = rest

@@ -100,7 +100,7 @@ func (s *Store) countValues(ctx context.Context, node *redis.Client, names []str
 		switch {
 		case errors.Is(err, redis.Nil): // expired since the SCAN
 			continue
-		case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+		case redis.HasErrorPrefix(err, "WRONGTYPE"):
 			// Not a string at all (another program's): a record of its
 			// key stops its pipeline.
 			f.Other++
